@@ -1,0 +1,7 @@
+"""unienv_data: storages, segment writers, replay buffers and samplers for trajectory data.
+
+Importing it needs only NumPy and array-api-compat; storages import their optional libraries when used.
+"""
+from .base import *  # noqa: F401,F403
+
+__version__ = "0.1.0"

@@ -1,0 +1,97 @@
+"""File helpers shared by every on-disk storage: atomic JSON metadata, confined paths, checked reads."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterable, Union
+
+from .errors import StorageFormatError, StorageNotFoundError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Version of the metadata written by this library; files without the field are reference-written (version 0).
+FORMAT_VERSION = 1
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Flushes a directory entry (so a rename inside it survives a power cut); a no-op where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: PathLike, obj: Any, durable: bool = True) -> None:
+    """Writes `obj` as JSON to `path` so that readers see either the old or the new file, never a torn one:
+    temporary file in the same directory, flush (+ fsync when `durable`), rename over `path`, fsync the directory."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, allow_nan=True)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(directory)
+
+
+def read_json(path: PathLike, what: str) -> Dict[str, Any]:
+    """Reads a JSON object; a missing file is StorageNotFoundError, a damaged one StorageFormatError."""
+    path = os.fspath(path)
+    try:
+        with open(path, "r") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise StorageNotFoundError(f"{what} not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StorageFormatError(f"{what} at {path} is damaged (not valid JSON: {exc})") from None
+    if not isinstance(data, dict):
+        raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def require_fields(data: Dict[str, Any], fields: Iterable[str], what: str) -> None:
+    """StorageFormatError naming every missing field."""
+    missing = [f for f in fields if f not in data]
+    if missing:
+        raise StorageFormatError(f"{what} is missing field(s) {missing}")
+
+
+def check_format_version(data: Dict[str, Any], what: str) -> int:
+    """The metadata's format version (0 for reference-written files); newer than this library is an error."""
+    v = data.get("format_version", 0)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise StorageFormatError(f"{what} has an invalid format_version {v!r}")
+    if v > FORMAT_VERSION:
+        raise StorageFormatError(f"{what} has format_version {v}, newer than this library supports ({FORMAT_VERSION}); upgrade")
+    return v
+
+
+def confined_path(root: PathLike, relative: Any, what: str) -> str:
+    """`root/relative`, refusing anything that would leave `root` (absolute paths, '..', symlinks out)."""
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise StorageFormatError(f"{what}: invalid relative path {relative!r}")
+    if os.path.isabs(relative):
+        raise StorageFormatError(f"{what}: path {relative!r} must be relative to the dataset directory")
+    root_real = os.path.realpath(os.fspath(root))
+    full = os.path.realpath(os.path.join(root_real, relative))
+    if full != root_real and not full.startswith(root_real + os.sep):
+        raise StorageFormatError(f"{what}: path {relative!r} points outside the dataset directory {root}")
+    return os.path.join(os.fspath(root), relative)

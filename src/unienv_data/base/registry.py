@@ -1,0 +1,47 @@
+"""Registry of storage classes by the name written into metadata files.
+
+Metadata names classes as `module.QualName`. Such a name is looked up here and never imported by its dotted
+path: only built-in storages (imported from this package's own modules on first use) and classes registered
+explicitly by plugins resolve. An unknown name is a StorageFormatError.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Tuple, Type
+
+from .errors import StorageFormatError
+
+_BUILTIN: Dict[str, Tuple[str, str]] = {
+    "unienv_data.storages.flattened.FlattenedStorage": ("unienv_data.storages.flattened", "FlattenedStorage"),
+    "unienv_data.storages.common.FlattenedStorage": ("unienv_data.storages.flattened", "FlattenedStorage"),
+    "unienv_data.storages.pytorch.PytorchTensorStorage": ("unienv_data.storages.pytorch", "PytorchTensorStorage"),
+    "unienv_data.storages.numpy_memmap.NumpyMemmapStorage": ("unienv_data.storages.numpy_memmap", "NumpyMemmapStorage"),
+}
+_REGISTERED: Dict[str, Type[Any]] = {}
+
+
+def storage_type_name(cls: Type[Any]) -> str:
+    """The name metadata files use for `cls` (`module.QualName`)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register_storage(cls: Type[Any], *aliases: str) -> Type[Any]:
+    """Makes `cls` loadable from metadata under its own name and `aliases`. Usable as a class decorator."""
+    for name in (storage_type_name(cls),) + aliases:
+        _REGISTERED[name] = cls
+    return cls
+
+
+def resolve_storage_class(name: Any, what: str = "metadata") -> Type[Any]:
+    """The storage class registered under `name`; StorageFormatError for anything unknown."""
+    if not isinstance(name, str):
+        raise StorageFormatError(f"{what}: storage type must be a string, got {type(name).__name__}")
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        module, attr = _BUILTIN[name]
+        cls = getattr(importlib.import_module(module), attr)
+        _REGISTERED[name] = cls
+        return cls  # type: ignore[no-any-return]
+    raise StorageFormatError(f"{what}: unknown storage type {name!r}; known: {sorted(set(_BUILTIN) | set(_REGISTERED))}"
+                             " (plugins must call unienv_data.base.register_storage)")

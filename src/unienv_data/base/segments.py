@@ -1,0 +1,96 @@
+"""Segment (episode) bookkeeping on a ring of physical rows, shared by every storage that records segments.
+
+A segment is a run of `length` consecutive physical rows starting at `start`; on a fixed-capacity ring it may
+wrap past the end (then its inclusive end is smaller than its start). Recording a segment drops every older
+segment it overlaps (those rows were overwritten), so the log only ever describes rows that hold what it says.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Tuple
+
+from .errors import StorageFormatError
+
+
+def _intervals(start: int, length: int, capacity: Optional[int]) -> List[Tuple[int, int]]:
+    """Half-open physical intervals covered by a run (two when it wraps)."""
+    if capacity is None or start + length <= capacity:
+        return [(start, start + length)]
+    return [(start, capacity), (0, start + length - capacity)]
+
+
+def ring_positions_overlap(a: Tuple[int, int], b: Tuple[int, int], capacity: Optional[int]) -> bool:
+    """True when runs `a` and `b` (each `(start, length)`) share a physical row."""
+    for s1, e1 in _intervals(a[0], a[1], capacity):
+        for s2, e2 in _intervals(b[0], b[1], capacity):
+            if s1 < e2 and s2 < e1:
+                return True
+    return False
+
+
+class SegmentLog:
+    """Committed segments as `(start, length)` runs, oldest first."""
+
+    def __init__(self, capacity: Optional[int], runs: Iterable[Tuple[int, int]] = ()) -> None:
+        self.capacity = capacity
+        self._runs: List[Tuple[int, int]] = []
+        for s, n in runs:
+            self.add(s, n)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def runs(self) -> List[Tuple[int, int]]:
+        """`(start, length)` of every recorded segment, oldest first."""
+        return list(self._runs)
+
+    def add(self, start: int, length: int) -> None:
+        """Records a segment; older segments sharing a row with it are dropped. Empty segments are ignored."""
+        if length <= 0:
+            return
+        if self.capacity is not None and length > self.capacity:
+            raise ValueError(f"a segment of {length} rows does not fit in capacity {self.capacity}")
+        new = (int(start), int(length))
+        self._runs = [r for r in self._runs if not ring_positions_overlap(r, new, self.capacity)]
+        self._runs.append(new)
+
+    def drop_overlapping(self, start: int, length: int) -> None:
+        """Forgets every segment that shares a row with the run `(start, length)` (rows about to be overwritten)."""
+        if length <= 0:
+            return
+        run = (int(start), int(length))
+        self._runs = [r for r in self._runs if not ring_positions_overlap(r, run, self.capacity)]
+
+    def truncate(self, length: int) -> None:
+        """Forgets segments reaching past row `length` (a growable storage shrank)."""
+        self._runs = [(s, n) for s, n in self._runs if s + n <= length]
+
+    def clear(self) -> None:
+        self._runs = []
+
+    def inclusive_ranges(self) -> List[Tuple[int, int]]:
+        """`(start, end)` with an inclusive physical end (end < start when the segment wraps), oldest first."""
+        cap = self.capacity
+        return [(s, (s + n - 1) % cap if cap else s + n - 1) for s, n in self._runs]
+
+    def to_json(self) -> List[List[int]]:
+        return [[s, n] for s, n in self._runs]
+
+    @classmethod
+    def from_json(cls, data: Any, capacity: Optional[int], length: int, where: str) -> "SegmentLog":
+        """Validates stored runs against the capacity / length; StorageFormatError names the bad entry."""
+        if not isinstance(data, list):
+            raise StorageFormatError(f"{where}: 'segments' must be a list of [start, length] pairs, got {type(data).__name__}")
+        runs = []
+        for i, item in enumerate(data):
+            ok = (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in item))
+            if ok:
+                s, n = item
+                limit = capacity if capacity is not None else length
+                ok = 0 <= s < max(limit, 1) and 0 < n <= (capacity if capacity is not None else length - s)
+            if not ok:
+                raise StorageFormatError(f"{where}: segment entry {i} = {item!r} is not a valid [start, length] pair "
+                                         f"for {'capacity ' + str(capacity) if capacity is not None else 'length ' + str(length)}")
+            runs.append((item[0], item[1]))
+        log = cls(capacity)
+        log._runs = runs
+        return log

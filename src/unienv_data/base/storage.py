@@ -1,0 +1,291 @@
+"""`SpaceStorage`: the contract every storage keeps (create / load_from / get / set / segments / dumps / close)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Generic, List, Optional, Tuple, TypeVar, Union
+
+import numpy as np
+
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+from unienv_interface.space import Space
+from unienv_interface.space.space_utils import batch_utils
+
+from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
+from .files import PathLike
+from .segments import SegmentLog
+
+if TYPE_CHECKING:
+    from .segment_writer import SegmentWriter
+
+BatchT = TypeVar("BatchT")
+
+
+class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+    """Stores elements of `single_instance_space` at integer positions.
+
+    A storage has a fixed `capacity` (a ring: positions wrap) or none (`capacity is None`: growable through
+    `extend_length` / `shrink_length`, and appends grow it). Besides random access (`get` / `set`) it records
+    *segments* (episodes): built by `mark_segment_start` / `append` / `mark_segment_end`, or by segment writers
+    (`open_segment_writer`) that buffer an episode and place it on `commit(start)`. Any number of writers may be open
+    at once and committed in any order. A recorded segment whose rows are overwritten by a later segment is dropped.
+
+    Errors: wrong data raises ValueError / TypeError / KeyError naming the key, the expected and the given; bad
+    indices IndexError / TypeError; state violations `StorageStateError` (a ValueError and a RuntimeError).
+    """
+
+    #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
+    single_file_ext: Optional[str] = None
+
+    def __init__(self, single_instance_space: Space) -> None:
+        if not isinstance(single_instance_space, Space):
+            raise TypeError(f"single_instance_space must be a Space, got {type(single_instance_space).__name__}")
+        self.single_instance_space = single_instance_space
+        self._closed = False
+        self._seg_start: Optional[int] = None
+        self._seg_len = 0
+        self._seg_clear_rows = 0
+        self._batched_space_cache: Optional[Space] = None
+
+    # ------------------------------------------------------------------ construction (subclasses)
+    @classmethod
+    def create(cls, single_instance_space: Space, *args: Any, capacity: Optional[int] = None,
+               cache_path: Optional[PathLike] = None, multiprocessing: bool = False, **kwargs: Any) -> "SpaceStorage":
+        """Creates a new, empty storage (subclasses document their own keyword arguments)."""
+        raise NotImplementedError(f"{cls.__name__} does not implement create()")
+
+    @classmethod
+    def load_from(cls, path: PathLike, single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "SpaceStorage":
+        """Opens a storage written by `dumps` (or by `create` with a cache path)."""
+        raise NotImplementedError(f"{cls.__name__} does not implement load_from()")
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def backend(self) -> Any:
+        return self.single_instance_space.backend
+
+    @property
+    def device(self) -> Any:
+        return self.single_instance_space.device
+
+    @property
+    @abstractmethod
+    def capacity(self) -> Optional[int]:
+        """Fixed number of rows (a ring), or None when the storage grows."""
+
+    @property
+    def cache_filename(self) -> Optional[Union[str, "PathLike"]]:
+        """The file or directory backing this storage, or None when it lives only in memory."""
+        return None
+
+    @property
+    def is_mutable(self) -> bool:
+        return True
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return False
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def _single_sample_batched_space(self) -> Space:
+        if self._batched_space_cache is None:
+            self._batched_space_cache = batch_utils.batch_space(self.single_instance_space, 1)
+        return self._batched_space_cache
+
+    def __len__(self) -> int:
+        cap = self.capacity
+        if cap is None:
+            raise NotImplementedError(f"{type(self).__name__} with capacity=None must implement __len__")
+        return cap
+
+    # ------------------------------------------------------------------ data access (subclasses)
+    @abstractmethod
+    def get(self, index: Any) -> BatchT:
+        """Element(s) at `index`: an int gives one element, anything else a batch (always copies)."""
+
+    @abstractmethod
+    def set(self, index: Any, value: Any) -> None:
+        """Writes element(s) at `index` after checking them against the space; nothing is written on error."""
+
+    @abstractmethod
+    def dumps(self, path: PathLike) -> None:
+        """Persists the storage at `path` (its own cache path flushes in place)."""
+
+    def extend_length(self, length: int) -> None:
+        """Adds `length` rows at the end of a growable storage (no-op for fixed capacity)."""
+
+    def shrink_length(self, length: int) -> None:
+        """Removes `length` rows from the end of a growable storage (no-op for fixed capacity)."""
+
+    def clear(self) -> None:
+        """Aborts the open segment, forgets every segment, and empties a growable storage."""
+        self._check_writable()
+        self.abort_segment()
+        log = self._segment_log()
+        if log is not None:
+            log.clear()
+        if self.capacity is None:
+            n = len(self)
+            if n:
+                self.shrink_length(n)
+
+    def close(self) -> None:
+        """Releases files and memory; later use raises StorageClosedError. Idempotent."""
+        self._closed = True
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_closed", True):
+                self._release()
+        except Exception:
+            pass
+
+    def _release(self) -> None:
+        """What garbage collection frees (default: nothing). Never closes storages owned elsewhere."""
+
+    def __enter__(self) -> "SpaceStorage":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ guards
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError(f"{type(self).__name__} is closed; reopen it with load_from()")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if not self.is_mutable:
+            raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True)")
+
+    # ------------------------------------------------------------------ segments
+    def _segment_log(self) -> Optional[SegmentLog]:
+        """The storage's own segment log, or None when it keeps no segment information."""
+        return None
+
+    @property
+    def has_open_segment(self) -> bool:
+        return self._seg_start is not None
+
+    @property
+    def pending_segment_length(self) -> int:
+        """Rows appended to the open segment (they are already readable)."""
+        return self._seg_len if self._seg_start is not None else 0
+
+    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """Recorded segments as inclusive physical `(start, end)` pairs, oldest first (end < start when a
+        segment wraps the ring); None when the storage keeps no segment information."""
+        self._check_open()
+        log = self._segment_log()
+        return None if log is None else log.inclusive_ranges()
+
+    def _normalize_segment_start(self, start_index: Any) -> int:
+        if isinstance(start_index, (bool, np.bool_)) or not isinstance(start_index, (int, np.integer)):
+            raise TypeError(f"segment start must be an int, got {start_index!r}")
+        start = int(start_index)
+        cap = self.capacity
+        if cap is None:
+            n = len(self)
+            if start < 0:
+                start += n
+            if not 0 <= start <= n:
+                raise IndexError(f"segment start {start_index} is out of range for a growable storage of length {n} "
+                                 f"(valid: 0..{n})")
+            return start
+        if start < -cap:
+            raise IndexError(f"segment start {start_index} is out of range for capacity {cap}")
+        return start % cap
+
+    def mark_segment_start(self, start_index: int) -> None:
+        """Opens an append-built segment at physical position `start_index` (taken modulo the capacity)."""
+        self._check_writable()
+        if self._seg_start is not None:
+            raise StorageStateError(f"a segment is already open at {self._seg_start}; call mark_segment_end() or "
+                                    "abort_segment() first")
+        self._seg_start = self._normalize_segment_start(start_index)
+        self._seg_len = 0
+        self._seg_clear_rows = 0
+
+    def _next_write_position(self) -> int:
+        if self._seg_start is None:
+            raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
+                                    "mark_segment_start(start) first")
+        cap = self.capacity
+        if cap is not None:
+            if self._seg_len >= cap:
+                raise ValueError(f"the open segment already holds {self._seg_len} rows = the capacity {cap}; "
+                                 "one more would overwrite its own first row")
+            pos = (self._seg_start + self._seg_len) % cap
+        else:
+            pos = self._seg_start + self._seg_len
+            if pos >= len(self):
+                self.extend_length(pos + 1 - len(self))
+        if self._seg_clear_rows == 0:
+            self._seg_clear_rows = self._free_rows_from(pos)
+        return pos
+
+    def _free_rows_from(self, pos: int) -> int:
+        """Drops recorded segments that row `pos` belongs to; returns how many rows from `pos` on are free."""
+        log = self._segment_log()
+        if log is None or not len(log):
+            return 1 << 62
+        log.drop_overlapping(pos, 1)
+        cap = self.capacity
+        best = 1 << 62
+        for s, _n in log.runs():
+            d = (s - pos) % cap if cap else (s - pos if s >= pos else 1 << 62)
+            best = min(best, d)
+        return max(best, 1)
+
+    def _advance_segment(self) -> None:
+        self._seg_len += 1
+        self._seg_clear_rows -= 1
+
+    def append(self, value: Any) -> None:
+        """Writes one element at the open segment's next row (growable storages grow)."""
+        self._check_writable()
+        pos = self._next_write_position()
+        self.set(pos, value)
+        self._advance_segment()
+
+    def mark_segment_end(self) -> None:
+        """Closes the open segment and records it (a no-op when none is open or it is empty)."""
+        self._check_open()
+        if self._seg_start is None:
+            return
+        start, n = self._seg_start, self._seg_len
+        self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
+        self._record_segment(start, n)
+
+    def abort_segment(self) -> None:
+        """Forgets the open segment (rows already written keep their values but belong to no segment)."""
+        self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
+
+    def _record_segment(self, start: int, length: int) -> None:
+        log = self._segment_log()
+        if log is not None:
+            log.add(start, length)
+
+    def open_segment_writer(self) -> "SegmentWriter":
+        """A writer that buffers one segment and writes it on `commit(start)`; several may be open at once."""
+        self._check_writable()
+        from .segment_writer import BufferedSegmentWriter
+        return BufferedSegmentWriter(self)
+
+    # ------------------------------------------------------------------ writer hooks
+    def _prepare_single(self, value: Any) -> Any:
+        """Checks one element and returns it in the form `_stack_prepared` takes (default: unchanged)."""
+        return value
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        """Stacks prepared elements into one batch for `_set_prepared`."""
+        return batch_utils.concatenate(batch_utils.batch_space(self.single_instance_space, len(items)), items)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        """Writes a stacked batch of prepared elements (default: `set`)."""
+        self.set(index, batch)

@@ -1,0 +1,181 @@
+"""Checking and converting user values for one Box / Binary leaf: the single place that decides what is accepted.
+
+Rules (what "no silent casts" means here):
+* The value may be an array of the space's backend, a NumPy array, another backend's array, a Python scalar or a
+  (nested) list; it becomes a NumPy array of the leaf's storage dtype. Nothing else is accepted (TypeError).
+* The shape must match exactly (ValueError): no reshape, no broadcast, even for the same element count.
+* dtype: the same dtype passes; a widening cast passes; a float to a narrower float passes when no finite value
+  overflows; every other cast (float to int, int to a narrower int, int to float, anything to bool) passes only
+  when every value survives it unchanged, else ValueError naming the first value that would change.
+* Bounds: every value must lie in the Box's `[low, high]` (NaN never does), else ValueError naming the first
+  offending position. Float leaves whose bounds are all infinite accept any float, NaN included.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from unienv_interface.space import BinarySpace, BoxSpace, Space
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16_exact(values: np.ndarray) -> Optional[np.ndarray]:
+    """Raw bfloat16 bits of float32 values, or None if any value is not exactly representable."""
+    f = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f.view(np.uint32)
+    if np.any(bits & 0xFFFF):
+        return None
+    return (bits >> 16).astype(np.uint16)
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None:
+        return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+class LeafConverter:
+    """Converts values for one Box / Binary leaf into checked NumPy arrays of its storage dtype."""
+
+    __slots__ = ("space", "where", "shape", "np_dtype", "is_bf16", "lo", "hi", "lo_s", "hi_s", "kind")
+
+    def __init__(self, space: Space, where: str) -> None:
+        if not isinstance(space, (BoxSpace, BinarySpace)):
+            raise TypeError(f"{where}: only Box and Binary leaves hold arrays, got {type(space).__name__}")
+        self.space = space
+        self.where = where
+        self.shape: Tuple[int, ...] = tuple(space.shape)
+        b = space.backend
+        self.is_bf16 = b.dtype_name(space.dtype) == "bfloat16"
+        self.np_dtype = b.numpy_dtype(space.dtype)
+        self.kind = "b" if isinstance(space, BinarySpace) else ("f" if self.is_bf16 else self.np_dtype.kind)
+        self.lo: Optional[np.ndarray] = None
+        self.hi: Optional[np.ndarray] = None
+        self.lo_s: Any = None
+        self.hi_s: Any = None
+        if isinstance(space, BoxSpace):
+            lo, hi = space.low_numpy, space.high_numpy
+            if self.kind == "f":
+                bounded = not (np.all(np.isneginf(lo)) and np.all(np.isposinf(hi)))
+            else:
+                info = np.iinfo(self.np_dtype)
+                bounded = not (np.all(lo == info.min) and np.all(hi == info.max))
+            if bounded:
+                self.lo, self.hi = lo, hi
+                if lo.size and np.all(lo == lo.flat[0]) and np.all(hi == hi.flat[0]):
+                    self.lo_s, self.hi_s = lo.flat[0], hi.flat[0]
+
+    # -------------------------------------------------------------- conversion
+    def to_numpy(self, value: Any) -> Tuple[np.ndarray, bool]:
+        """`(array, weak)`: the value as NumPy; `weak` marks Python scalars / lists (no dtype of their own)."""
+        if isinstance(value, np.ndarray):
+            return value, False
+        mod = type(value).__module__
+        if mod.startswith("torch"):
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            name = str(t.dtype)
+            if name == "torch.bfloat16":
+                if self.is_bf16:
+                    return t.view(dtype=__import__("torch").int16).numpy().view(np.uint16), False
+                return t.float().numpy(), False
+            if self.is_bf16 and name.startswith("torch.float"):
+                raw = _f32_to_bf16_exact(t.float().numpy())
+                if raw is None:
+                    raise ValueError(f"{self.where}: {name} values are not exactly representable as bfloat16; "
+                                     "convert with .to(torch.bfloat16) first")
+                return raw, False
+            return t.numpy(), False
+        if isinstance(value, np.generic):
+            return np.asarray(value), False
+        if isinstance(value, (bool, int, float)) or isinstance(value, (list, tuple)):
+            try:
+                arr = np.asarray(value)
+            except (ValueError, TypeError):
+                raise TypeError(f"{self.where}: expected an array of shape {self.shape}, got a ragged {type(value).__name__}") from None
+            if arr.dtype == object or arr.dtype.kind not in "biuf":
+                raise TypeError(f"{self.where}: expected numbers, got {_describe(value)}")
+            return arr, True
+        if mod.startswith("jax") or mod.startswith("jaxlib"):
+            return np.asarray(value), False
+        raise TypeError(f"{self.where}: expected an array of shape {self.shape} and dtype "
+                        f"{self.space.backend.dtype_name(self.space.dtype)}, got {_describe(value)}")
+
+    def convert(self, value: Any, lead: Tuple[int, ...] = ()) -> np.ndarray:
+        """A checked array of shape `lead + shape` in the storage dtype (may share memory with `value`)."""
+        arr, weak = self.to_numpy(value)
+        expected = lead + self.shape
+        if arr.shape != expected:
+            raise ValueError(f"{self.where}: expected shape {expected}, got {tuple(arr.shape)}")
+        if arr.dtype != self.np_dtype:
+            arr = self._cast(arr, weak)
+        if self.lo is not None:
+            self.check_bounds(arr)
+        return arr
+
+    def _cast(self, arr: np.ndarray, weak: bool) -> np.ndarray:
+        target = self.np_dtype
+        src_kind = arr.dtype.kind
+        exp_name = self.space.backend.dtype_name(self.space.dtype)
+        if src_kind not in "biuf":
+            raise TypeError(f"{self.where}: expected dtype {exp_name}, got {arr.dtype}")
+        if self.kind == "b":
+            if src_kind == "b":
+                return arr.astype(np.bool_)
+            with np.errstate(invalid="ignore"):
+                bad = ~((arr == 0) | (arr == 1))
+            if bad.any():
+                first = arr.reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])].item()
+                raise ValueError(f"{self.where}: expected booleans (dtype bool), got {arr.dtype} value {first!r}")
+            return arr.astype(np.bool_)
+        if self.is_bf16:
+            raw = _f32_to_bf16_exact(arr.astype(np.float32)) if src_kind != "f" or arr.dtype.itemsize <= 4 else None
+            if raw is None or not np.array_equal(_bf16_to_f32(raw).astype(arr.dtype), arr):
+                raise ValueError(f"{self.where}: {arr.dtype} values are not exactly representable as bfloat16")
+            return raw
+        if src_kind == "b" or np.can_cast(arr.dtype, target, "safe"):
+            return arr.astype(target)
+        with np.errstate(all="ignore"):
+            out = arr.astype(target)
+            if src_kind == "f" and self.kind == "f":
+                ok = np.isfinite(out) | ~np.isfinite(arr)
+            else:
+                ok = out.astype(arr.dtype) == arr
+                if src_kind == "f":
+                    ok &= np.isfinite(arr)
+        if not ok.all():
+            first = arr.reshape(-1)[int(np.flatnonzero(~ok.reshape(-1))[0])].item()
+            raise ValueError(f"{self.where}: value {first!r} of dtype {arr.dtype} cannot be stored as {exp_name} "
+                             "without changing it (fractional, NaN or out of range); convert it explicitly")
+        return out
+
+    def check_bounds(self, arr: np.ndarray) -> None:
+        """ValueError naming the first value outside `[low, high]` (NaN included)."""
+        vals = _bf16_to_f32(arr) if self.is_bf16 else arr
+        if self.lo_s is not None:
+            if vals.size == 0:
+                return
+            lo_v, hi_v = vals.min(), vals.max()
+            if lo_v >= self.lo_s and hi_v <= self.hi_s:
+                return
+        else:
+            with np.errstate(invalid="ignore"):
+                ok = (vals >= self.lo) & (vals <= self.hi)
+            if ok.all():
+                return
+        with np.errstate(invalid="ignore"):
+            bad = ~((vals >= self.lo) & (vals <= self.hi))
+        pos = np.argwhere(bad)[0]
+        inner = tuple(int(p) for p in pos[len(pos) - len(self.shape):]) if self.shape else ()
+        assert self.lo is not None and self.hi is not None
+        lo = self.lo[inner] if self.shape else self.lo
+        hi = self.hi[inner] if self.shape else self.hi
+        raise ValueError(f"{self.where}: value {vals[tuple(pos)].item()!r} at position {tuple(int(p) for p in pos)} is outside "
+                         f"the space bounds [{lo}, {hi}]")

@@ -1,0 +1,426 @@
+"""`ArrayStorageBase`: rows of one Box / Binary space in a single array (RAM, memory-mapped file or shared memory).
+
+Shared by `PytorchTensorStorage` (torch tensors out) and `NumpyMemmapStorage` (NumPy arrays out); subclasses only
+say which backend they serve and how a NumPy result becomes a backend array.
+
+* Fixed `capacity` (a ring) or `capacity=None` (growable: `extend_length`, and appends grow it; the file or array
+  grows geometrically so appends stay amortised O(1)).
+* Reads always return fresh arrays (never views that alias the storage); batch reads are one NumPy gather.
+* Writes are checked (shape, dtype, bounds) before anything is written.
+* Segments are recorded and persisted with the row count in the sidecar `<file>.meta.json`.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, read_json,
+                                    require_fields)
+from unienv_data.base.indexing import NormalizedIndex, normalize_index
+from unienv_data.base.registry import storage_type_name
+from unienv_data.base.segments import SegmentLog
+from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.values import LeafConverter
+from unienv_interface.space import BinarySpace, BoxSpace, Space
+
+from ._array_file import MEMMAP, RAM, SHARED, ArrayBlock, file_rows
+
+META_SUFFIX = ".meta.json"
+
+
+def sidecar_path(data_path: str) -> str:
+    """Where the metadata of a raw data file lives."""
+    return data_path + META_SUFFIX
+
+
+def _check_capacity(capacity: Any) -> Optional[int]:
+    if capacity is None:
+        return None
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or int(capacity) <= 0:
+        raise ValueError(f"capacity must be a positive int or None (growable), got {capacity!r}")
+    return int(capacity)
+
+
+class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Common implementation of the single-array storages (see the module docstring)."""
+
+    single_file_ext: Optional[str] = ".memmap"
+    #: simplified name of the backend this class serves ("pytorch" / "numpy")
+    _backend_name = ""
+
+    def __init__(self, single_instance_space: Space, block: ArrayBlock, capacity: Optional[int], length: int,
+                 segments: Optional[SegmentLog] = None, read_only: bool = False) -> None:
+        super().__init__(single_instance_space)
+        self._block = block
+        self._capacity = capacity
+        self._length = capacity if capacity is not None else length
+        self._read_only = read_only
+        self._segments = segments if segments is not None else SegmentLog(capacity)
+        self._conv = LeafConverter(single_instance_space, "value")
+
+    # ------------------------------------------------------------------ space checks
+    @classmethod
+    def _check_space(cls, space: Any) -> None:
+        if not isinstance(space, (BoxSpace, BinarySpace)):
+            raise TypeError(f"{cls.__name__} stores a BoxSpace or BinarySpace, got {type(space).__name__}; "
+                            "use FlattenedStorage or DictStorage for structured spaces")
+        if space.backend.simplified_name != cls._backend_name:
+            raise TypeError(f"{cls.__name__} needs a space on the {cls._backend_name} backend, got {space.backend}")
+        dev = space.device
+        if dev is not None and str(dev) not in ("cpu", "cpu:0"):
+            raise ValueError(f"{cls.__name__} keeps rows in host memory; the space's device must be cpu or None, "
+                             f"got {dev!r} (wrap it to move batches to {dev})")
+
+    @classmethod
+    def _np_dtype(cls, space: Space) -> np.dtype:
+        return np.dtype(space.backend.numpy_dtype(space.dtype))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, *args: Any, capacity: Optional[int] = None,
+               cache_path: Optional[PathLike] = None, multiprocessing: bool = False,
+               is_memmap: Optional[bool] = None, memmap_existok: bool = True, **kwargs: Any) -> "ArrayStorageBase":
+        """A new zero-filled storage.
+
+        `is_memmap` defaults to "memory-map when `cache_path` is given"; `is_memmap=True` without a path is an error.
+        With `multiprocessing=True` an in-RAM storage lives in shared memory so worker processes see its rows.
+        An existing file at `cache_path` is replaced (never silently reused); `memmap_existok=False` refuses it.
+        `capacity=None` makes a growable storage.
+        """
+        if args:
+            raise TypeError(f"{cls.__name__}.create() takes no extra positional arguments, got {args!r}")
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.create() got unexpected keyword argument(s) {sorted(kwargs)}")
+        cls._check_space(single_instance_space)
+        cap = _check_capacity(capacity)
+        if is_memmap is None:
+            is_memmap = cache_path is not None
+        if is_memmap and cache_path is None:
+            raise ValueError(f"{cls.__name__}.create(is_memmap=True) needs cache_path (the file to map)")
+        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape)
+        alloc = cap if cap is not None else 0
+        if is_memmap:
+            path = os.fspath(cache_path)  # type: ignore[arg-type]
+            if os.path.exists(path) and not memmap_existok:
+                raise FileExistsError(f"{path} already exists (memmap_existok=False)")
+            block = ArrayBlock.new_file(MEMMAP, path, dtype, shape, alloc)
+        elif multiprocessing:
+            block = ArrayBlock.new_file(SHARED, None, dtype, shape, alloc)
+        else:
+            block = ArrayBlock(RAM, dtype, shape, alloc)
+        st = cls(single_instance_space, block, cap, 0)
+        if is_memmap:
+            st._write_sidecar(path)
+        return st
+
+    @classmethod
+    def load_from(cls, path: PathLike, single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, is_memmap: Optional[bool] = None,
+                  **kwargs: Any) -> "ArrayStorageBase":
+        """Opens a data file written by this library or by the reference (raw rows without metadata).
+
+        The capacity comes from the sidecar metadata, or from the file size for reference files; a `capacity`
+        argument must agree with it. The space must match the stored dtype and row shape exactly.
+        `is_memmap=False` copies the rows into RAM (shared memory with `multiprocessing=True`).
+        """
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
+        cls._check_space(single_instance_space)
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise StorageNotFoundError(f"{cls.__name__} data file not found: {path}")
+        cap_arg = _check_capacity(capacity)
+        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape)
+        row_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        meta_file = sidecar_path(path)
+        segments: Optional[SegmentLog] = None
+        if os.path.exists(meta_file):
+            meta = read_json(meta_file, f"{cls.__name__} metadata")
+            check_format_version(meta, meta_file)
+            require_fields(meta, ("dtype", "shape", "capacity", "length"), meta_file)
+            want_dtype = single_instance_space.backend.dtype_name(single_instance_space.dtype)
+            if meta["dtype"] != want_dtype or list(meta["shape"]) != list(shape):
+                raise ValueError(f"{path} holds rows of {meta['dtype']}{list(meta['shape'])}, but the space asks for "
+                                 f"{want_dtype}{list(shape)}")
+            stored_cap = meta["capacity"]
+            length = meta["length"]
+            if stored_cap is not None and (not isinstance(stored_cap, int) or stored_cap <= 0):
+                raise StorageFormatError(f"{meta_file}: invalid capacity {stored_cap!r}")
+            if not isinstance(length, int) or length < 0 or (stored_cap is not None and length != stored_cap):
+                raise StorageFormatError(f"{meta_file}: invalid length {length!r} for capacity {stored_cap!r}")
+            if cap_arg is not None and cap_arg != stored_cap:
+                hint = "omit capacity (the storage is growable)" if stored_cap is None else f"pass capacity={stored_cap} or omit it"
+                raise ValueError(f"{path} was written with capacity {stored_cap}, not {cap_arg}: {hint}")
+            rows, extra = file_rows(path, row_bytes)
+            if rows < length:
+                raise StorageFormatError(f"{path} holds {rows} rows but its metadata promises {length}: the file is truncated")
+            cap = stored_cap
+            segments = SegmentLog.from_json(meta.get("segments", []), cap, length, meta_file)
+        else:
+            rows, extra = file_rows(path, row_bytes)
+            if extra:
+                raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, not a whole number of "
+                                 f"{dtype.name}{list(shape)} rows ({row_bytes} bytes each): the space does not match the file")
+            if cap_arg is not None and cap_arg != rows:
+                raise ValueError(f"{path} holds {rows} rows of {dtype.name}{list(shape)}, not {cap_arg}: "
+                                 f"pass capacity={rows} (or the space that wrote it)")
+            cap, length = rows, rows
+            if rows == 0:
+                raise StorageFormatError(f"{path} is empty and has no metadata: cannot tell its capacity")
+        n_rows = cap if cap is not None else length
+        if is_memmap is False:
+            src = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=False)
+            block = (ArrayBlock.new_file(SHARED, None, dtype, shape, n_rows) if multiprocessing
+                     else ArrayBlock(RAM, dtype, shape, n_rows))
+            block.data[...] = src.data
+            src.release()
+            return cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+        block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
+        return cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> Optional[int]:
+        return self._capacity
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def cache_filename(self) -> Optional[str]:
+        return self._block.path if self._block.mode == MEMMAP else None
+
+    @property
+    def is_memmap(self) -> bool:
+        return self._block.mode == MEMMAP
+
+    @property
+    def is_mutable(self) -> bool:
+        return not self._read_only
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return self._block.mode in (MEMMAP, SHARED)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows in use."""
+        return self._block.nbytes(self._length)
+
+    def _segment_log(self) -> Optional[SegmentLog]:
+        return self._segments
+
+    # ------------------------------------------------------------------ backend conversion (subclasses)
+    def _wrap(self, arr: np.ndarray) -> Any:
+        """A backend array owning `arr` (a fresh NumPy array)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ reads
+    def _norm(self, index: Any) -> NormalizedIndex:
+        return normalize_index(index, self._length, type(self).__name__)
+
+    def get_numpy(self, index: Any) -> np.ndarray:
+        """Rows at `index` as a fresh NumPy array in the storage dtype (raw bits for bfloat16)."""
+        self._check_open()
+        norm = self._norm(index)
+        data = self._block.data
+        if norm.single is not None:
+            return np.array(data[norm.single])
+        if norm.slc is not None:
+            return np.array(data[norm.slc])
+        return np.take(data, norm.array, axis=0)
+
+    def get(self, index: Any) -> Any:
+        """Element(s) at `index`: one element for an int-like index, else a batch; always a copy."""
+        return self._wrap(self.get_numpy(index))
+
+    def get_flattened(self, index: Any) -> Any:
+        """Rows at `index` flattened to `(n, flat_dim)` (or `(flat_dim,)` for one element); a copy."""
+        arr = self.get_numpy(index)
+        lead = arr.shape[:arr.ndim - len(self._block.row_shape)]
+        return self._wrap(arr.reshape(lead + (-1,)))
+
+    # ------------------------------------------------------------------ writes
+    def set(self, index: Any, value: Any) -> None:
+        """Checks `value` (shape, dtype, bounds) and writes it at `index`; on error nothing is written."""
+        self._check_writable()
+        norm = self._norm(index)
+        lead = () if norm.single is not None else (norm.count(),)
+        self._write(norm, self._conv.convert(value, lead))
+
+    def set_flattened(self, index: Any, value: Any) -> None:
+        """Writes flat rows (`(n, flat_dim)` or `(flat_dim,)`), checked like `set`."""
+        self._check_writable()
+        norm = self._norm(index)
+        lead = () if norm.single is not None else (norm.count(),)
+        arr, _weak = self._conv.to_numpy(value)
+        width = int(np.prod(self._block.row_shape, dtype=np.int64))
+        if tuple(arr.shape) != lead + (width,):
+            raise ValueError(f"value: expected flat shape {lead + (width,)}, got {tuple(arr.shape)}")
+        self._write(norm, self._conv.convert(arr.reshape(lead + self._block.row_shape), lead))
+
+    def _write(self, norm: NormalizedIndex, arr: np.ndarray) -> None:
+        data = self._block.data
+        if norm.single is not None:
+            data[norm.single] = arr
+        elif norm.slc is not None:
+            data[norm.slc] = arr
+        else:
+            idx = norm.array if norm.array is not None else np.zeros(0, np.int64)
+            if idx.size > 1:
+                uniq, first_rev = np.unique(idx[::-1], return_index=True)
+                if uniq.size != idx.size:  # duplicates: the last occurrence wins, deterministically
+                    keep = idx.size - 1 - first_rev
+                    idx, arr = idx[keep], arr[keep]
+            data[idx] = arr
+
+    def _write_rows_trusted(self, index: Any, rows: np.ndarray) -> None:
+        """Writes already-checked rows in the storage dtype (used by composite storages)."""
+        self._check_writable()
+        norm = self._norm(index)
+        self._write(norm, rows)
+
+    # ------------------------------------------------------------------ segments and writers
+    def _prepare_single(self, value: Any) -> Any:
+        return np.array(self._conv.convert(value, ()), copy=True)
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        return np.stack(items) if items else np.zeros((0,) + self._block.row_shape, self._block.dtype)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._write_rows_trusted(index, batch)
+
+    def append(self, value: Any) -> None:
+        """Writes one element at the open segment's next row (growable storages grow)."""
+        self._check_writable()
+        arr = self._conv.convert(value, ())
+        pos = self._next_write_position()
+        self._block.data[pos] = arr
+        self._advance_segment()
+
+    def _append_row_trusted(self, row: np.ndarray) -> None:
+        """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""
+        self._check_writable()
+        pos = self._next_write_position()
+        self._block.data[pos] = row
+        self._advance_segment()
+
+    # ------------------------------------------------------------------ growth
+    def extend_length(self, length: int) -> None:
+        """Adds `length` zero rows at the end (growable storages only; a no-op for a fixed capacity)."""
+        self._check_writable()
+        if self._capacity is not None:
+            return
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+            raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
+        new_len = self._length + int(length)
+        if new_len > self._block.alloc_rows:
+            self._block.resize(max(new_len, 2 * self._block.alloc_rows, 16))
+        self._length = new_len
+
+    def shrink_length(self, length: int) -> None:
+        """Removes `length` rows from the end (growable storages only); their segments are forgotten."""
+        self._check_writable()
+        if self._capacity is not None:
+            return
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
+            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
+        self._length -= int(length)
+        self._block.data[self._length:] = 0
+        self._segments.truncate(self._length)
+        if self._seg_start is not None and self._seg_start + self._seg_len > self._length:
+            self.abort_segment()
+
+    def clear(self) -> None:
+        """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""
+        super().clear()
+        if self._capacity is not None:
+            self._block.data[...] = 0
+
+    # ------------------------------------------------------------------ persistence
+    def _metadata(self) -> Dict[str, Any]:
+        sp = self.single_instance_space
+        return {"storage_type": storage_type_name(type(self)), "format_version": FORMAT_VERSION,
+                "dtype": sp.backend.dtype_name(sp.dtype), "shape": list(sp.shape), "capacity": self._capacity,
+                "length": self._length, "segments": self._segments.to_json()}
+
+    def _write_sidecar(self, data_path: str) -> None:
+        atomic_write_json(sidecar_path(data_path), self._metadata())
+
+    def flush(self) -> None:
+        """Makes everything written so far durable in the cache file: data pages first, then the metadata."""
+        self._check_open()
+        if self._block.mode == MEMMAP and not self._read_only:
+            self._block.flush()
+            self._write_sidecar(str(self._block.path))
+
+    def dumps(self, path: PathLike) -> None:
+        """Writes the rows (raw, reference layout) and the sidecar metadata to `path`; its own file flushes."""
+        self._check_open()
+        path = os.fspath(path)
+        own = self._block.path
+        if self._block.mode == MEMMAP and own is not None and os.path.abspath(own) == os.path.abspath(path):
+            if self._read_only:
+                return
+            self.flush()
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(memoryview(np.ascontiguousarray(self._block.data[:self._length])).cast("B"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self._write_sidecar(path)
+
+    def close(self) -> None:
+        """Persists the metadata of a writable memory-mapped storage, then releases the rows. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._block.mode == MEMMAP and not self._read_only:
+                self.flush()
+        finally:
+            self._block.release()
+            self._closed = True
+
+    def _release(self) -> None:
+        block = getattr(self, "_block", None)
+        if block is not None:
+            block.release()
+
+    # ------------------------------------------------------------------ pickling (worker processes)
+    def __getstate__(self) -> Dict[str, Any]:
+        self._check_open()
+        state = {"space": self.single_instance_space, "capacity": self._capacity, "length": self._length,
+                 "segments": self._segments.to_json(), "read_only": self._read_only, "mode": self._block.mode,
+                 "path": self._block.path}
+        if self._block.mode == RAM:
+            state["rows"] = np.array(self._block.data[:self._block.alloc_rows])
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        space = state["space"]
+        dtype, shape = self._np_dtype(space), tuple(space.shape)
+        n_rows = state["capacity"] if state["capacity"] is not None else state["length"]
+        if state["mode"] == RAM:
+            block = ArrayBlock(RAM, dtype, shape, state["rows"].shape[0])
+            block.data[...] = state["rows"]
+        else:
+            block = ArrayBlock.open_file(state["path"], dtype, shape, n_rows, writable=not state["read_only"],
+                                         mode=state["mode"])
+        log = SegmentLog(state["capacity"])
+        log._runs = [tuple(r) for r in state["segments"]]  # type: ignore[misc]
+        ArrayStorageBase.__init__(self, space, block, state["capacity"], state["length"], log, state["read_only"])
+
+
+__all__ = ["ArrayStorageBase", "sidecar_path", "META_SUFFIX"]

@@ -1,0 +1,354 @@
+"""`FlattenedStorage`: every structured sample packed into one flat 1-D row of an inner storage."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Set, Type, Union
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+                                    confined_path, read_json, require_fields)
+from unienv_data.base.indexing import normalize_index
+from unienv_data.base.registry import resolve_storage_class, storage_type_name
+from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
+from unienv_data.base.storage import SpaceStorage
+from unienv_interface.space import BoxSpace, Space
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+
+from ._array_storage import ArrayStorageBase
+from ._flat_layout import FlatRowPlan
+
+METADATA_FILE = "flattened_metadata.json"
+
+
+class FlattenPromotionWarning(UserWarning):
+    """The flat row's common dtype makes samples at least twice their native size."""
+
+
+_WARNED: Set[str] = set()
+
+
+def _warn_promotion(plan: FlatRowPlan) -> None:
+    native, row = plan.native_bytes(), plan.row_bytes()
+    if native == 0 or row < 2 * native:
+        return
+    sig = repr((plan.backend.simplified_name, plan.layout_json()))
+    if sig in _WARNED:
+        return
+    _WARNED.add(sig)
+    keys = ", ".join(f"{k!r} ({dt} stored as {plan.row_dtype.name}, {f}x)" for k, dt, f in plan.inflated_leaves())
+    warnings.warn(
+        f"FlattenedStorage promotes every leaf to one {plan.row_dtype.name} row: {row} bytes per sample for {native} "
+        f"bytes of data ({row / native:.1f}x). Inflated keys: {keys}. Keep them in their own storage (a DictStorage "
+        "with one array storage per key, or VideoStorage for images) and flatten only the low-dimensional keys.",
+        FlattenPromotionWarning, stacklevel=3)
+
+
+def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[str, Any]]) -> str:
+    s = {e.get("key"): e for e in stored if isinstance(e, dict)}
+    w = {e["key"]: e for e in wanted}
+    parts = []
+    missing = sorted(set(s) - set(w), key=str)
+    added = sorted(set(w) - set(s), key=str)
+    if missing:
+        parts.append(f"stored keys missing from the space: {missing}")
+    if added:
+        parts.append(f"space keys not in the stored data: {added}")
+    for k in sorted(set(s) & set(w), key=str):
+        for field in ("dtype", "shape", "offset"):
+            if s[k].get(field) != w[k][field]:
+                parts.append(f"key {k!r}: stored {field} {s[k].get(field)!r}, space gives {w[k][field]!r}")
+    return "; ".join(parts) or "the layouts differ"
+
+
+class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Stores every sample flattened into one 1-D BoxSpace row of an inner storage (e.g. PytorchTensorStorage), so
+    a read or write of any number of samples is one row operation on a single array.
+
+    The flat row has one common dtype, promoted from all leaves (torch: bool leaves count as int32, NumPy: int64):
+    uint8 images next to float32 keys are stored as float32 (4x the bytes). A `FlattenPromotionWarning` names such
+    keys; keep them in their own storage and flatten only the low-dimensional keys.
+
+    Beyond the reference API:
+    * every write is checked against the space (keys, shapes, dtypes, bounds, exact representability in the row
+      dtype) before anything is written; `get` / `get_flattened` always return copies;
+    * `load_from(path, space)` needs no capacity, and checks the stored layout (keys, dtypes, shapes, bounds)
+      against the given space, naming what differs;
+    * closing or garbage-collecting a FlattenedStorage built around an existing inner storage never closes that
+      inner storage; `close()` closes only an inner storage it created or loaded itself.
+    """
+
+    single_file_ext: Optional[str] = None
+
+    def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
+                 cache_filename: Optional[Union[str, PathLike]] = None) -> None:
+        if not isinstance(inner_storage, SpaceStorage):
+            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        plan = FlatRowPlan(single_instance_space)
+        inner_space = inner_storage.single_instance_space
+        if inner_space.backend is not single_instance_space.backend:
+            raise ValueError(f"inner storage backend {inner_space.backend} differs from the space's "
+                             f"{single_instance_space.backend}")
+        if not isinstance(inner_space, BoxSpace) or inner_space != plan.flat_space:
+            fs = plan.flat_space
+            got = (f"{inner_space.backend.dtype_name(inner_space.dtype)}{list(inner_space.shape)}"
+                   if isinstance(inner_space, BoxSpace) else type(inner_space).__name__)
+            if isinstance(inner_space, BoxSpace) and got == f"{fs.backend.dtype_name(fs.dtype)}{list(fs.shape)}":
+                got += " with different bounds"
+            raise ValueError(f"inner storage holds {got}, but the space flattens to "
+                             f"{fs.backend.dtype_name(fs.dtype)}{list(fs.shape)}")
+        super().__init__(single_instance_space)
+        self._plan = plan
+        self.inner_storage = inner_storage
+        self.inner_storage_path = inner_storage_path
+        self._cache_filename = cache_filename
+        self._owns_inner = False
+        self._fast = isinstance(inner_storage, ArrayStorageBase)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, inner_storage_cls: Type[SpaceStorage], *args: Any,
+               capacity: Optional[int] = None, cache_path: Optional[str] = None, multiprocessing: bool = False,
+               inner_storage_kwargs: Dict[str, Any] = {}, **kwargs: Any) -> "FlattenedStorage":
+        """A new storage: `inner_storage_cls.create(flatten_space(space), *args, capacity=..., cache_path=
+        <cache_path>/inner_storage<ext>, multiprocessing=..., **kwargs, **inner_storage_kwargs)`.
+
+        With `cache_path` the directory is created and its metadata written at once, so it can be reopened with
+        `load_from(cache_path, space)` (call `dumps(cache_path)` or `flush()` to persist segments).
+        """
+        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
+            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
+        plan = FlatRowPlan(single_instance_space)
+        _warn_promotion(plan)
+        inner_path = "inner_storage" + (inner_storage_cls.single_file_ext or "")
+        if cache_path is not None:
+            os.makedirs(cache_path, exist_ok=True)
+        inner = inner_storage_cls.create(
+            plan.flat_space, *args, capacity=capacity,
+            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
+            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
+        st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
+        st._owns_inner = True
+        if cache_path is not None:
+            st._write_metadata(cache_path)
+        return st
+
+    @classmethod
+    def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "FlattenedStorage":
+        """Opens a directory written by `dumps` (this library's or the reference's).
+
+        The stored layout is checked against `single_instance_space` (ValueError naming each difference); the
+        capacity comes from the files (a `capacity` argument must agree). Extra kwargs go to the inner `load_from`.
+        """
+        path = os.fspath(path)
+        meta_path = os.path.join(path, METADATA_FILE)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"FlattenedStorage directory not found: {path}")
+        meta = read_json(meta_path, "FlattenedStorage metadata")
+        version = check_format_version(meta, meta_path)
+        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path"), meta_path)
+        if meta["storage_type"] != "FlattenedStorage":
+            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected 'FlattenedStorage'")
+        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
+        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
+        plan = FlatRowPlan(single_instance_space)
+        if version >= 1:
+            stored_layout = meta.get("layout")
+            if not isinstance(stored_layout, list):
+                raise StorageFormatError(f"{meta_path}: 'layout' must be a list")
+            row = meta.get("row", {})
+            want_row = plan.backend.dtype_name(plan.flat_space.dtype)
+            if stored_layout != plan.layout_json() or not isinstance(row, dict) or row.get("dtype") != want_row:
+                diff = _describe_layout_difference(stored_layout, plan.layout_json())
+                if isinstance(row, dict) and row.get("dtype") != want_row:
+                    diff += f"; row dtype: stored {row.get('dtype')!r}, space gives {want_row!r}"
+                raise ValueError(f"the space does not match the data stored in {path}: {diff}")
+            if "space" in meta:
+                try:
+                    stored_space = json_to_space(meta["space"], single_instance_space.backend, single_instance_space.device)
+                except ValueError as exc:
+                    raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
+                if stored_space != single_instance_space:
+                    raise ValueError(f"the space does not match the one stored in {path}: same layout but different "
+                                     f"bounds; stored {stored_space!r}, given {single_instance_space!r}")
+            stored_cap = meta.get("capacity")
+            if capacity is not None and stored_cap is not None and capacity != stored_cap:
+                raise ValueError(f"{path} was written with capacity {stored_cap}, not {capacity}: pass "
+                                 f"capacity={stored_cap} or omit it")
+        inner = inner_cls.load_from(inner_full, plan.flat_space, capacity=capacity, read_only=read_only,
+                                    multiprocessing=multiprocessing, **kwargs)
+        st = cls(single_instance_space, inner, meta["inner_storage_path"],
+                 cache_filename=path if inner.cache_filename is not None else None)
+        st._owns_inner = True
+        return st
+
+    # ------------------------------------------------------------------ delegated properties
+    @property
+    def cache_filename(self) -> Optional[Union[str, PathLike]]:
+        return self._cache_filename if self.inner_storage.cache_filename is not None else None
+
+    @property
+    def is_mutable(self) -> bool:
+        return self.inner_storage.is_mutable
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return self.inner_storage.is_multiprocessing_safe
+
+    @property
+    def capacity(self) -> Optional[int]:
+        return self.inner_storage.capacity
+
+    def __len__(self) -> int:
+        return len(self.inner_storage)
+
+    @property
+    def flat_space(self) -> BoxSpace:
+        """The 1-D Box each sample is flattened to."""
+        return self._plan.flat_space
+
+    @property
+    def has_open_segment(self) -> bool:
+        return self.inner_storage.has_open_segment
+
+    @property
+    def pending_segment_length(self) -> int:
+        return self.inner_storage.pending_segment_length
+
+    def extend_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.extend_length(length)
+
+    def shrink_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.shrink_length(length)
+
+    def mark_segment_start(self, start_index: int) -> None:
+        self._check_open()
+        self.inner_storage.mark_segment_start(start_index)
+
+    def mark_segment_end(self) -> None:
+        self._check_open()
+        self.inner_storage.mark_segment_end()
+
+    def abort_segment(self) -> None:
+        self._check_open()
+        self.inner_storage.abort_segment()
+
+    def get_segments(self) -> Optional[List[Any]]:
+        self._check_open()
+        return self.inner_storage.get_segments()
+
+    def clear(self) -> None:
+        self._check_open()
+        self.inner_storage.clear()
+
+    # ------------------------------------------------------------------ data
+    def _rows_numpy(self, index: Any) -> np.ndarray:
+        if self._fast:
+            return self.inner_storage.get_numpy(index)  # type: ignore[attr-defined,no-any-return]
+        return np.asarray(self.backend.to_numpy(self.inner_storage.get(index)))
+
+    def get(self, index: Any) -> Any:
+        """Sample(s) at `index` with every leaf in its own dtype (copies): an int-like index gives one sample."""
+        self._check_open()
+        return self._plan.to_backend(self._plan.unpack(self._rows_numpy(index)))
+
+    def get_flattened(self, index: Any) -> Any:
+        """The flat row(s) at `index` (a copy, never a view into the storage)."""
+        self._check_open()
+        return self.inner_storage.get(index)
+
+    def _write_rows(self, index: Any, rows: np.ndarray) -> None:
+        if self._fast:
+            self.inner_storage._write_rows_trusted(index, rows)  # type: ignore[attr-defined]
+        else:
+            self.inner_storage.set(index, self.backend.from_numpy(rows, dtype=self._plan.flat_space.dtype,
+                                                                  device=self.device))
+
+    def set(self, index: Any, value: Any) -> None:
+        """Checks `value` against the space and writes it at `index`; on any error nothing is written."""
+        self._check_writable()
+        norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
+        lead = () if norm.single is not None else (norm.count(),)
+        self._write_rows(norm.numpy_key(), self._plan.pack(value, lead))
+
+    def set_flattened(self, index: Any, value: Any) -> None:
+        """Writes flat rows after checking that every leaf reads back to a valid value."""
+        self._check_writable()
+        norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
+        lead = () if norm.single is not None else (norm.count(),)
+        rows = self.inner_storage._conv.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
+        if tuple(rows.shape) != lead + (self._plan.width,):
+            raise ValueError(f"expected flat rows of shape {lead + (self._plan.width,)}, got {tuple(rows.shape)}")
+        if rows.dtype != self._plan.row_dtype:
+            rows = self.inner_storage._conv.convert(rows, lead) if self._fast else rows.astype(self._plan.row_dtype)  # type: ignore[attr-defined]
+        self._write_rows(norm.numpy_key(), self._plan.check_rows(rows))
+
+    def _prepare_single(self, value: Any) -> Any:
+        return self._plan.pack(value)
+
+    def append(self, value: Any) -> None:
+        """Checks one sample and writes it at the open segment's next row."""
+        self._check_writable()
+        row = self._plan.pack(value)
+        if self._fast:
+            self.inner_storage._append_row_trusted(row)  # type: ignore[attr-defined]
+        else:
+            self.inner_storage.append(self.backend.from_numpy(row, dtype=self._plan.flat_space.dtype, device=self.device))
+
+    def open_segment_writer(self) -> SegmentWriter:
+        """A writer whose appended samples are checked and flattened at once and written on `commit(start)`."""
+        self._check_writable()
+        inner_writer = self.inner_storage.open_segment_writer()
+        if self._fast:
+            return MappedSegmentWriter(self, inner_writer, self._plan.pack, prepared=True)
+        return MappedSegmentWriter(
+            self, inner_writer,
+            lambda v: self.backend.from_numpy(self._plan.pack(v), dtype=self._plan.flat_space.dtype, device=self.device))
+
+    # ------------------------------------------------------------------ persistence
+    def _metadata(self) -> Dict[str, Any]:
+        return {"storage_type": "FlattenedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
+                "inner_storage_path": os.fspath(self.inner_storage_path), "format_version": FORMAT_VERSION,
+                "capacity": self.inner_storage.capacity,
+                "row": {"dtype": self.backend.dtype_name(self._plan.flat_space.dtype), "width": self._plan.width},
+                "layout": self._plan.layout_json(), "space": space_to_json(self.single_instance_space)}
+
+    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+
+    def flush(self) -> None:
+        """Makes committed rows and segments durable in the cache directory (data first, then metadata)."""
+        self._check_open()
+        flush = getattr(self.inner_storage, "flush", None)
+        if flush is not None:
+            flush()
+        if self._cache_filename is not None and self.is_mutable:
+            self._write_metadata(self._cache_filename)
+
+    def dumps(self, path: Union[str, PathLike]) -> None:
+        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
+        self._check_open()
+        os.makedirs(path, exist_ok=True)
+        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
+        self._write_metadata(path)
+
+    def close(self) -> None:
+        """Closes the inner storage if this object created or loaded it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_inner:
+            self.inner_storage.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,
+                "cache": self._cache_filename, "owns": self._owns_inner}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        FlattenedStorage.__init__(self, state["space"], state["inner"], state["inner_path"], state["cache"])
+        self._owns_inner = state["owns"]

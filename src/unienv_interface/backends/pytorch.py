@@ -1,0 +1,213 @@
+"""`PyTorchComputeBackend`: the PyTorch adapter (needs the `torch` extra)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+try:
+    import torch
+    import array_api_compat.torch as _xtorch
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ModuleNotFoundError(
+        "unienv_interface.backends.pytorch needs PyTorch; install the extra: pip install 'unienv-storage[torch]'"
+    ) from exc
+
+from .base import ComputeBackend
+
+PyTorchArrayType = torch.Tensor
+PyTorchDeviceType = Union[torch.device, str]
+PyTorchDtypeType = torch.dtype
+PyTorchRNGType = torch.Generator
+
+_TORCH_NAMES = {
+    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "complex64": torch.complex64, "complex128": torch.complex128,
+}
+_NAME_OF = {v: k for k, v in _TORCH_NAMES.items()}
+_INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
+_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+def _dev(device: Any) -> Optional[torch.device]:
+    return None if device is None else torch.device(device)
+
+
+class _TorchRandom:
+    """Functional RNG over `torch.Generator`: every draw returns `(rng, value)`."""
+
+    @staticmethod
+    def random_number_generator(seed: Optional[int] = None, *, device: Any = None) -> torch.Generator:
+        g = torch.Generator(device=_dev(device) or "cpu")
+        if seed is None:
+            g.seed()
+        else:
+            g.manual_seed(int(seed))
+        return g
+
+    @staticmethod
+    def random_discrete_uniform(shape: Union[int, Tuple[int, ...]], from_num: int, to_num: int, *, rng: torch.Generator,
+                                dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        out = torch.randint(int(from_num), int(to_num), shape, generator=rng, dtype=torch.int64, device=_dev(device))
+        return rng, out if dtype is None else out.to(dtype)
+
+    @staticmethod
+    def random_uniform(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, low: Any = 0.0, high: Any = 1.0,
+                       dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        u = torch.rand(shape, generator=rng, dtype=torch.float64, device=_dev(device))
+        out = torch.as_tensor(low, dtype=torch.float64) + u * (torch.as_tensor(high, dtype=torch.float64) - torch.as_tensor(low, dtype=torch.float64))
+        return rng, out.to(dtype or torch.float32)
+
+    @staticmethod
+    def random_normal(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, mean: Any = 0.0, std: Any = 1.0,
+                      dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        out = torch.randn(shape, generator=rng, dtype=torch.float64, device=_dev(device)) * std + mean
+        return rng, out.to(dtype or torch.float32)
+
+    @staticmethod
+    def random_exponential(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, lambd: float = 1.0,
+                           dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).exponential_(lambd, generator=rng)
+        return rng, out.to(dtype or torch.float32)
+
+    @staticmethod
+    def random_geometric(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, p: float = 0.5,
+                         dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).geometric_(p, generator=rng)
+        return rng, out.to(dtype or torch.int64)
+
+    @staticmethod
+    def random_permutation(n: int, *, rng: torch.Generator, dtype: Any = None,
+                           device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
+        return rng, torch.randperm(int(n), generator=rng, dtype=dtype or torch.int64, device=_dev(device))
+
+
+class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str], torch.dtype, torch.Generator]):
+    """PyTorch tensors on any device. The default integer dtype is int32 (so Binary leaves flatten to int32)."""
+
+    _xp = _xtorch
+    simplified_name = "pytorch"
+    array_type = torch.Tensor
+    default_integer_dtype = torch.int32
+    default_index_dtype = torch.int64
+    default_floating_dtype = torch.float32
+    default_boolean_dtype = torch.bool
+    random = _TorchRandom
+
+    @classmethod
+    def is_backendarray(cls, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    @classmethod
+    def from_numpy(cls, a: np.ndarray, dtype: Any = None, device: Any = None) -> torch.Tensor:
+        a = np.asarray(a)
+        if not a.flags.writeable:
+            a = a.copy()
+        t = torch.from_numpy(a)
+        if dtype is not None and cls.as_dtype(dtype) != t.dtype:
+            t = t.to(cls.as_dtype(dtype))
+        if device is not None:
+            t = t.to(device)
+        return t
+
+    @classmethod
+    def to_numpy(cls, x: Any) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            t = x.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(np.uint16)
+            return t.numpy()
+        return np.asarray(x)
+
+    @classmethod
+    def _from_foreign(cls, x: Any, device: Any) -> torch.Tensor:
+        if isinstance(x, np.ndarray):
+            return cls.from_numpy(x, device=device)
+        try:
+            t = torch.from_dlpack(x)
+        except Exception:
+            t = torch.as_tensor(np.asarray(x))
+        return t if device is None else t.to(device)
+
+    @classmethod
+    def device(cls, x: Any) -> torch.device:
+        return x.device
+
+    @classmethod
+    def to_device(cls, x: Any, device: Any) -> torch.Tensor:
+        return x if device is None else x.to(device)
+
+    @classmethod
+    def dtype_is_real_integer(cls, dtype: Any) -> bool:
+        return dtype in _INTS
+
+    @classmethod
+    def dtype_is_real_floating(cls, dtype: Any) -> bool:
+        return dtype in _FLOATS
+
+    @classmethod
+    def dtype_is_boolean(cls, dtype: Any) -> bool:
+        return dtype is torch.bool
+
+    @classmethod
+    def dtype_name(cls, dtype: Any) -> str:
+        try:
+            return _NAME_OF[dtype]
+        except (KeyError, TypeError):
+            raise ValueError(f"unsupported PyTorch dtype {dtype!r}; expected one of {sorted(_TORCH_NAMES)}") from None
+
+    @classmethod
+    def dtype_from_name(cls, name: str) -> torch.dtype:
+        try:
+            return _TORCH_NAMES[name]
+        except KeyError:
+            raise ValueError(f"PyTorch has no dtype named {name!r}; expected one of {sorted(_TORCH_NAMES)}") from None
+
+    @classmethod
+    def as_dtype(cls, dtype: Any) -> torch.dtype:
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        if isinstance(dtype, str):
+            return cls.dtype_from_name(dtype.replace("torch.", ""))
+        if dtype is int:
+            return torch.int64
+        if dtype is float:
+            return torch.float32
+        if dtype is bool:
+            return torch.bool
+        try:
+            return cls.dtype_from_name(np.dtype(dtype).name)
+        except TypeError:
+            raise TypeError(f"not a PyTorch dtype: {dtype!r}") from None
+
+    @classmethod
+    def numpy_dtype(cls, dtype: Any) -> np.dtype:
+        if dtype == torch.bfloat16:
+            return np.dtype(np.uint16)
+        return np.dtype(cls.dtype_name(dtype))
+
+    @classmethod
+    def promote_types(cls, *dtypes: Any) -> torch.dtype:
+        if not dtypes:
+            raise ValueError("promote_types needs at least one dtype")
+        out = dtypes[0]
+        for d in dtypes[1:]:
+            out = torch.promote_types(out, d)
+        return out
+
+    @classmethod
+    def serialize_device(cls, device: Any) -> Optional[str]:
+        return None if device is None else str(torch.device(device))
+
+    @classmethod
+    def deserialize_device(cls, device: Optional[str]) -> Optional[torch.device]:
+        return None if device is None else torch.device(device)

@@ -1,0 +1,116 @@
+"""The abstract `Space`: the type of one sample (backend, device, dtype, shape and metadata)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, Mapping, Optional, Tuple, TypeVar, Union
+
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType, ComputeBackend
+
+from .metadata import SpaceMetadata
+
+SpaceDataT = TypeVar("SpaceDataT")
+
+
+class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
+    """A typed description of one sample. Subclasses define checking, sampling and conversion.
+
+    Spaces are immutable values; equality is defined by each subclass (metadata never takes part in it).
+    """
+
+    def __init__(self, backend: Any, shape: Optional[Tuple[int, ...]] = None, device: Any = None,
+                 dtype: Any = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        if not (isinstance(backend, type) and issubclass(backend, ComputeBackend)):
+            raise TypeError(f"backend must be a ComputeBackend class (e.g. NumpyComputeBackend), got {backend!r}")
+        self._backend = backend
+        self._shape = None if shape is None else tuple(int(d) for d in shape)
+        self._device = device
+        self._dtype = dtype
+        self._metadata = metadata if isinstance(metadata, SpaceMetadata) else SpaceMetadata(metadata)
+
+    @property
+    def backend(self) -> Any:
+        return self._backend
+
+    @property
+    def shape(self) -> Optional[Tuple[int, ...]]:
+        return self._shape
+
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    @property
+    def dtype(self) -> Any:
+        return self._dtype
+
+    @property
+    def metadata(self) -> SpaceMetadata:
+        return self._metadata
+
+    @abstractmethod
+    def to(self, backend: Any = None, device: Any = None) -> "Space":
+        """The same space on another backend and/or device."""
+
+    @abstractmethod
+    def sample(self, rng: Any) -> Tuple[Any, SpaceDataT]:
+        """`(new_rng, sample)`: a random element of the space."""
+
+    @abstractmethod
+    def create_empty(self) -> SpaceDataT:
+        """A zero-filled element-shaped value (not necessarily inside the bounds)."""
+
+    @abstractmethod
+    def is_bounded(self, manner: str = "both") -> bool:
+        """Whether every element has a finite lower ('below'), upper ('above') or both bounds."""
+
+    @abstractmethod
+    def contains(self, x: Any) -> bool:
+        """True when `x` is an element of this space (type, shape, dtype and bounds)."""
+
+    @abstractmethod
+    def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
+                 include_dtype: bool = True) -> str:
+        """A readable one-line description."""
+
+    @abstractmethod
+    def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
+        """`data` (an element of this space) converted to another backend / device."""
+
+    @abstractmethod
+    def _copy_with(self, metadata: SpaceMetadata) -> "Space":
+        """The same space with other metadata."""
+
+    def with_metadata(self, metadata: Optional[Mapping[str, Any]] = None, **updates: Any) -> "Space":
+        """A copy of this space whose metadata is `metadata` (or the current one) updated with `updates`."""
+        merged = dict(self._metadata if metadata is None else metadata)
+        merged.update(updates)
+        return self._copy_with(SpaceMetadata(merged))
+
+    def clip(self, x: Any) -> Any:
+        """`x` clipped into the space (identity for spaces without bounds)."""
+        return x
+
+    def is_subspaceeq(self, other: "Space") -> bool:
+        return self == other
+
+    def is_subspace(self, other: "Space") -> bool:
+        return self.is_subspaceeq(other)
+
+    def __contains__(self, x: Any) -> bool:
+        return self.contains(x)
+
+    def __repr__(self) -> str:
+        return self.get_repr()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any, Any]:
+    """The `(backend, device)` a `to(backend, device)` call targets (None keeps the space's own)."""
+    target_backend = space.backend if backend is None else backend
+    if device is None:
+        device = space.device if target_backend is space.backend else None
+    return target_backend, device
+
+
+BSpace = Union[Space]

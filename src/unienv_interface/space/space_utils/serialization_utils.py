@@ -1,0 +1,94 @@
+"""Spaces to and from JSON-compatible dicts, so a stored dataset describes itself.
+
+Format: `{"type": "BoxSpace", "shape": [...], "low": <abbreviated nested list>, "high": ..., "dtype": "float32",
+"metadata": {...}}`; Binary has shape and dtype; Dict has `spaces` (a mapping); Tuple has `spaces` (a list); Text
+has min_length, max_length, charset. Infinite bounds are written as JSON `Infinity`. Every dtype is supported,
+float16 and bfloat16 included. The JSON is backend-neutral: `json_to_space` rebuilds it on any backend.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import numpy as np
+
+from ..space import Space
+from ..spaces import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
+
+
+def _abbreviate(a: np.ndarray) -> Any:
+    for axis in range(a.ndim):
+        if a.shape[axis] > 1:
+            first = np.take(a, [0], axis=axis)
+            if np.array_equal(a, np.broadcast_to(first, a.shape)):
+                a = first
+    if a.size == 1:
+        return a.reshape(()).item()
+    return a.tolist()
+
+
+def space_to_json(space: Space) -> Dict[str, Any]:
+    """A JSON-compatible dict describing `space` (its backend and device are not part of it)."""
+    b = space.backend
+    out: Dict[str, Any]
+    if isinstance(space, BoxSpace):
+        out = {"type": "BoxSpace", "shape": list(space.shape), "low": _abbreviate(space.low_numpy),
+               "high": _abbreviate(space.high_numpy), "dtype": b.dtype_name(space.dtype)}
+    elif isinstance(space, BinarySpace):
+        out = {"type": "BinarySpace", "shape": list(space.shape), "dtype": b.dtype_name(space.dtype)}
+    elif isinstance(space, DictSpace):
+        out = {"type": "DictSpace", "spaces": {str(k): space_to_json(s) for k, s in space.spaces.items()}}
+    elif isinstance(space, TupleSpace):
+        out = {"type": "TupleSpace", "spaces": [space_to_json(s) for s in space.spaces]}
+    elif isinstance(space, TextSpace):
+        out = {"type": "TextSpace", "min_length": space.min_length, "max_length": space.max_length,
+               "charset": None if space.charset_list is None else "".join(space.charset_list)}
+    elif isinstance(space, BatchedSpace):
+        out = {"type": "BatchedSpace", "single_space": space_to_json(space.single_space),
+               "batch_shape": list(space.batch_shape)}
+    else:
+        raise TypeError(f"cannot serialize a space of type {type(space).__name__}")
+    if len(space.metadata):
+        out["metadata"] = space.metadata.to_dict()
+    return out
+
+
+def _field(js: Mapping[str, Any], name: str, kind: str) -> Any:
+    try:
+        return js[name]
+    except KeyError:
+        raise ValueError(f"malformed {kind} JSON: missing field {name!r}") from None
+
+
+def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Space:
+    """Rebuilds a space written by `space_to_json` on `backend` / `device`; ValueError for malformed JSON."""
+    if not isinstance(js, Mapping) or "type" not in js:
+        raise ValueError(f"malformed space JSON: expected an object with a 'type' field, got {str(js)[:80]}")
+    kind = js["type"]
+    meta = js.get("metadata")
+    try:
+        if kind == "BoxSpace":
+            dtype = backend.dtype_from_name(str(_field(js, "dtype", kind)).replace("torch.", ""))
+            return BoxSpace(backend, np.asarray(_field(js, "low", kind), dtype=np.float64) if not backend.dtype_is_real_integer(dtype) else np.asarray(js["low"]),
+                            np.asarray(_field(js, "high", kind), dtype=np.float64) if not backend.dtype_is_real_integer(dtype) else np.asarray(js["high"]),
+                            dtype, device, tuple(_field(js, "shape", kind)), meta)
+        if kind == "BinarySpace":
+            return BinarySpace(backend, tuple(_field(js, "shape", kind)), backend.default_boolean_dtype, device, meta)
+        if kind == "DictSpace":
+            spaces = _field(js, "spaces", kind)
+            if not isinstance(spaces, Mapping):
+                raise ValueError("malformed DictSpace JSON: 'spaces' must be an object")
+            return DictSpace(backend, {k: json_to_space(v, backend, device) for k, v in spaces.items()}, device, meta)
+        if kind == "TupleSpace":
+            return TupleSpace(backend, [json_to_space(v, backend, device) for v in _field(js, "spaces", kind)], device, meta)
+        if kind == "TextSpace":
+            return TextSpace(backend, int(_field(js, "max_length", kind)), min_length=int(js.get("min_length", 0)),
+                             charset=js.get("charset"), device=device, metadata=meta)
+        if kind == "BatchedSpace":
+            return BatchedSpace(json_to_space(_field(js, "single_space", kind), backend, device),
+                                tuple(_field(js, "batch_shape", kind)), meta)
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"malformed {kind} JSON: {exc}") from None
+    raise ValueError(f"unknown space type {kind!r} in space JSON")
+
+
+__all__ = ["space_to_json", "json_to_space"]

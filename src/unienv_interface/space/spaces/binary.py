@@ -1,0 +1,75 @@
+"""`BinarySpace`: a boolean array."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..metadata import SpaceMetadata
+from ..space import Space, resolve_backend_device
+
+
+class BinarySpace(Space[Any, Any, Any, Any]):
+    """A boolean array of `shape`. Equality compares backend, shape and dtype (device ignored, as for BoxSpace)."""
+
+    def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,
+                 metadata: Optional[Mapping[str, Any]] = None) -> None:
+        dt = backend.default_boolean_dtype if dtype is None else backend.as_dtype(dtype)
+        if not backend.dtype_is_boolean(dt):
+            raise TypeError(f"BinarySpace dtype must be boolean, got {dtype!r}")
+        if isinstance(shape, int):
+            shape = (shape,)
+        shp = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shp):
+            raise ValueError(f"BinarySpace shape must be non-negative, got {shp}")
+        super().__init__(backend, shape=shp, device=device, dtype=dt, metadata=metadata)
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        assert self._shape is not None
+        return self._shape
+
+    def _copy_with(self, metadata: SpaceMetadata) -> "BinarySpace":
+        return BinarySpace(self._backend, self.shape, self._dtype, self._device, metadata)
+
+    def to(self, backend: Any = None, device: Any = None) -> "BinarySpace":
+        tb, td = resolve_backend_device(self, backend, device)
+        if tb is self._backend and td == self._device:
+            return self
+        return BinarySpace(tb, self.shape, tb.default_boolean_dtype, td, self._metadata)
+
+    def is_bounded(self, manner: str = "both") -> bool:
+        return True
+
+    def contains(self, x: Any) -> bool:
+        b = self._backend
+        return bool(b.is_backendarray(x) and tuple(x.shape) == self.shape and x.dtype == self._dtype)
+
+    def sample(self, rng: Any) -> Tuple[Any, Any]:
+        b = self._backend
+        rng, v = b.random.random_discrete_uniform(self.shape, 0, 2, rng=rng)
+        return rng, b.from_numpy(np.asarray(b.to_numpy(v)) != 0, dtype=self._dtype, device=self._device)
+
+    def create_empty(self) -> Any:
+        return self._backend.from_numpy(np.zeros(self.shape, dtype=bool), dtype=self._dtype, device=self._device)
+
+    def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
+        tb, td = resolve_backend_device(self, backend, device)
+        if tb is self._backend:
+            return tb.to_device(data, td) if td is not None else data
+        return tb.from_other_backend(self._backend, data, device=td)
+
+    def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
+                 include_dtype: bool = True) -> str:
+        parts = [f"shape={self.shape}"]
+        if include_backend:
+            parts.append(f"backend={self._backend}")
+        if include_device and self._device is not None:
+            parts.append(f"device={self._device}")
+        return f"BinarySpace({', '.join(parts)})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, BinarySpace) and other._backend is self._backend and other.shape == self.shape
+                and other._dtype == self._dtype)
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,210 @@
+"""`BoxSpace`: a real-valued or integer array with element-wise bounds."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..metadata import SpaceMetadata
+from ..space import Space, resolve_backend_device
+
+
+def _bounds_to_numpy(backend: Any, value: Any) -> np.ndarray:
+    if backend.is_backendarray(value):
+        return np.asarray(backend.to_numpy(value))
+    if type(value).__module__.split(".")[0] in ("torch", "jax", "jaxlib"):
+        from unienv_interface.backends import get_backend_from_tensor
+        return np.asarray(get_backend_from_tensor(value).to_numpy(value))
+    return np.asarray(value)
+
+
+class BoxSpace(Space[Any, Any, Any, Any]):
+    """An array of `shape` and `dtype` (real floating or integer) whose elements lie in `[low, high]`.
+
+    `low` / `high` may be scalars or arrays broadcastable to `shape`; without `shape` the shape comes from the
+    broadcast bounds. Integer boxes turn infinite scalar bounds into the dtype's limits. Equality compares
+    class, backend, shape, dtype and the exact bounds; device and metadata are ignored (as for every space).
+    """
+
+    def __init__(self, backend: Any, low: Any, high: Any, dtype: Any, device: Any = None,
+                 shape: Optional[Sequence[int]] = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        if dtype is None:
+            raise TypeError("BoxSpace needs a dtype (a real floating or integer dtype)")
+        dt = backend.as_dtype(dtype)
+        if not (backend.dtype_is_real_floating(dt) or backend.dtype_is_real_integer(dt)):
+            raise TypeError(f"BoxSpace dtype must be a real floating or integer type, got {dtype!r} "
+                            "(use BinarySpace for booleans)")
+        np_dt = backend.numpy_dtype(dt)
+        is_bf16 = backend.dtype_name(dt) == "bfloat16"
+        lo = _bounds_to_numpy(backend, low).astype(np.float64 if np_dt.kind == "f" or is_bf16 else np.float64)
+        hi = _bounds_to_numpy(backend, high).astype(np.float64)
+        if shape is None:
+            try:
+                shp = np.broadcast_shapes(lo.shape, hi.shape)
+            except ValueError:
+                raise ValueError(f"BoxSpace bounds of shapes {lo.shape} and {hi.shape} do not broadcast") from None
+        else:
+            shp = tuple(int(d) for d in shape)
+            if any(d < 0 for d in shp):
+                raise ValueError(f"BoxSpace shape must be non-negative, got {shp}")
+        try:
+            lo_full = np.broadcast_to(lo, shp)
+            hi_full = np.broadcast_to(hi, shp)
+        except ValueError:
+            raise ValueError(f"BoxSpace bounds of shapes {lo.shape} / {hi.shape} do not broadcast to shape {shp}") from None
+        if np.isnan(lo_full).any() or np.isnan(hi_full).any():
+            raise ValueError("BoxSpace bounds must not be NaN")
+        if np_dt.kind in "iu" and not is_bf16:
+            info = np.iinfo(np_dt)
+            if np.isposinf(lo_full).any() or np.isneginf(hi_full).any():
+                raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be finite: low=+inf or high=-inf")
+            lo_full = np.where(np.isneginf(lo_full), info.min, lo_full)
+            hi_full = np.where(np.isposinf(hi_full), info.max, hi_full)
+            if (lo_full < info.min).any() or (hi_full > info.max).any():
+                raise ValueError(f"BoxSpace bounds [{lo_full.min()}, {hi_full.max()}] exceed the range of {np_dt} "
+                                 f"[{info.min}, {info.max}]")
+            if (np.floor(lo_full) != lo_full).any() or (np.floor(hi_full) != hi_full).any():
+                raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be whole numbers")
+            low_np = lo_full.astype(np_dt)
+            high_np = hi_full.astype(np_dt)
+            # exact for int64 extremes too: cast the Python values, not the float64 approximation
+            if np_dt.itemsize == 8:
+                low_np = np.where(np.isneginf(np.broadcast_to(lo, shp)), info.min, low_np).astype(np_dt)
+                high_np = np.where(np.isposinf(np.broadcast_to(hi, shp)), info.max, high_np).astype(np_dt)
+        else:
+            if is_bf16:
+                low_np = np.ascontiguousarray(lo_full, dtype=np.float32)
+                high_np = np.ascontiguousarray(hi_full, dtype=np.float32)
+            else:
+                low_np = lo_full.astype(np_dt)
+                high_np = hi_full.astype(np_dt)
+        if (low_np > high_np).any():
+            raise ValueError(f"BoxSpace needs low <= high everywhere; got low={lo.tolist()} high={hi.tolist()}")
+        super().__init__(backend, shape=shp, device=device, dtype=dt, metadata=metadata)
+        self._low_np = np.ascontiguousarray(low_np)
+        self._high_np = np.ascontiguousarray(high_np)
+        self._low_np.flags.writeable = False
+        self._high_np.flags.writeable = False
+        self._low: Any = None
+        self._high: Any = None
+
+    # bounds as backend arrays, built on first use
+    @property
+    def low(self) -> Any:
+        if self._low is None:
+            self._low = self._backend.from_numpy(self._low_np.copy(), dtype=self._dtype, device=self._device)
+        return self._low
+
+    @property
+    def high(self) -> Any:
+        if self._high is None:
+            self._high = self._backend.from_numpy(self._high_np.copy(), dtype=self._dtype, device=self._device)
+        return self._high
+
+    @property
+    def low_numpy(self) -> np.ndarray:
+        """The lower bounds as a read-only NumPy array of the full shape (float32 stands in for bfloat16)."""
+        return self._low_np
+
+    @property
+    def high_numpy(self) -> np.ndarray:
+        """The upper bounds as a read-only NumPy array of the full shape."""
+        return self._high_np
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        assert self._shape is not None
+        return self._shape
+
+    def _copy_with(self, metadata: SpaceMetadata) -> "BoxSpace":
+        return BoxSpace(self._backend, self._low_np, self._high_np, self._dtype, self._device, self.shape, metadata)
+
+    def to(self, backend: Any = None, device: Any = None) -> "BoxSpace":
+        tb, td = resolve_backend_device(self, backend, device)
+        if tb is self._backend and td == self._device:
+            return self
+        dt = tb.dtype_from_name(self._backend.dtype_name(self._dtype))
+        return BoxSpace(tb, self._low_np, self._high_np, dt, td, self.shape, self._metadata)
+
+    def is_bounded(self, manner: str = "both") -> bool:
+        if self._low_np.dtype.kind in "iu":
+            return True
+        below = bool(np.isfinite(self._low_np).all())
+        above = bool(np.isfinite(self._high_np).all())
+        if manner == "both":
+            return below and above
+        if manner == "below":
+            return below
+        if manner == "above":
+            return above
+        raise ValueError(f"manner must be 'both', 'below' or 'above', got {manner!r}")
+
+    def contains(self, x: Any) -> bool:
+        b = self._backend
+        if not b.is_backendarray(x) or tuple(x.shape) != self.shape or x.dtype != self._dtype:
+            return False
+        a = b.to_numpy(x)
+        if b.dtype_name(self._dtype) == "bfloat16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        with np.errstate(invalid="ignore"):
+            return bool(np.all(a >= self._low_np) and np.all(a <= self._high_np))
+
+    def clip(self, x: Any) -> Any:
+        b = self._backend
+        return b.from_numpy(np.clip(b.to_numpy(x), self._low_np, self._high_np).astype(self._low_np.dtype),
+                            dtype=self._dtype, device=self._device)
+
+    def sample(self, rng: Any) -> Tuple[Any, Any]:
+        b = self._backend
+        rng, u = b.random.random_uniform(self.shape, rng=rng, dtype=b.dtype_from_name("float64") if b.simplified_name != "jax" else None)
+        rng, n = b.random.random_normal(self.shape, rng=rng)
+        u = np.asarray(b.to_numpy(u), dtype=np.float64)
+        n = np.asarray(b.to_numpy(n), dtype=np.float64)
+        lo = self._low_np.astype(np.float64)
+        hi = self._high_np.astype(np.float64)
+        if self._low_np.dtype.kind in "iu":
+            span = hi - lo + 1.0
+            out = np.minimum(np.floor(lo + u * span), hi)
+            return rng, b.from_numpy(out.astype(self._low_np.dtype), dtype=self._dtype, device=self._device)
+        expo = -np.log1p(-np.minimum(u, 1 - 1e-12))
+        fl, fh = np.isfinite(lo), np.isfinite(hi)
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = np.where(fl & fh, lo + u * (hi - lo), np.where(fl, lo + expo, np.where(fh, hi - expo, n)))
+        out = np.clip(out, lo, hi).astype(self._low_np.dtype)
+        out = np.clip(out, self._low_np, self._high_np)
+        return rng, b.from_numpy(out, dtype=self._dtype, device=self._device)
+
+    def create_empty(self) -> Any:
+        return self._backend.from_numpy(np.zeros(self.shape, dtype=self._low_np.dtype), dtype=self._dtype,
+                                        device=self._device)
+
+    def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
+        tb, td = resolve_backend_device(self, backend, device)
+        if tb is self._backend:
+            return tb.to_device(data, td) if td is not None else data
+        return tb.from_other_backend(self._backend, data, device=td)
+
+    def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
+                 include_dtype: bool = True) -> str:
+        lo = self._backend.abbreviate_array(self._low_np) if abbreviate or self._low_np.size > 8 else self._low_np.tolist()
+        hi = self._backend.abbreviate_array(self._high_np) if abbreviate or self._high_np.size > 8 else self._high_np.tolist()
+        if isinstance(lo, np.ndarray) or not isinstance(lo, (int, float, list)):
+            lo = f"<array {self._low_np.shape}>"
+        if isinstance(hi, np.ndarray) or not isinstance(hi, (int, float, list)):
+            hi = f"<array {self._high_np.shape}>"
+        parts = [f"low={lo}", f"high={hi}", f"shape={self.shape}"]
+        if include_dtype:
+            parts.append(f"dtype={self._backend.dtype_name(self._dtype)}")
+        if include_backend:
+            parts.append(f"backend={self._backend}")
+        if include_device and self._device is not None:
+            parts.append(f"device={self._device}")
+        return f"BoxSpace({', '.join(parts)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BoxSpace) or type(other) is not type(self):
+            return False
+        return (other._backend is self._backend and other.shape == self.shape and other._dtype == self._dtype
+                and np.array_equal(other._low_np, self._low_np) and np.array_equal(other._high_np, self._high_np))
+
+    __hash__ = None  # type: ignore[assignment]

@@ -43,7 +43,7 @@ def _describe(value: Any) -> str:
 class LeafConverter:
     """Converts values for one Box / Binary leaf into checked NumPy arrays of its storage dtype."""
 
-    __slots__ = ("space", "where", "shape", "np_dtype", "is_bf16", "lo", "hi", "lo_s", "hi_s", "kind")
+    __slots__ = ("space", "where", "shape", "np_dtype", "is_bf16", "lo", "hi", "lo_s", "hi_s", "kind", "small")
 
     def __init__(self, space: Space, where: str) -> None:
         if not isinstance(space, (BoxSpace, BinarySpace)):
@@ -69,7 +69,9 @@ class LeafConverter:
             if bounded:
                 self.lo, self.hi = lo, hi
                 if lo.size and np.all(lo == lo.flat[0]) and np.all(hi == hi.flat[0]):
-                    self.lo_s, self.hi_s = lo.flat[0], hi.flat[0]
+                    self.lo_s, self.hi_s = lo.flat[0].item(), hi.flat[0].item()
+        #: bounds of small leaves are checked with Python min/max (cheaper than NumPy reductions on a few values)
+        self.small = self.lo_s is not None and int(np.prod(self.shape, dtype=np.int64)) <= 64 and not self.is_bf16
 
     # -------------------------------------------------------------- conversion
     def to_numpy(self, value: Any) -> Tuple[np.ndarray, bool]:
@@ -107,6 +109,37 @@ class LeafConverter:
             return np.asarray(value), False
         raise TypeError(f"{self.where}: expected an array of shape {self.shape} and dtype "
                         f"{self.space.backend.dtype_name(self.space.dtype)}, got {_describe(value)}")
+
+    def convert_single(self, value: Any) -> np.ndarray:
+        """`convert(value)` for one element, with a fast path for exact-dtype NumPy arrays and CPU tensors."""
+        if isinstance(value, np.ndarray):
+            arr = value
+        else:
+            try:
+                arr = value.numpy()  # CPU tensors without grad; anything else takes the general path
+            except Exception:
+                return self.convert(value, ())
+            if not isinstance(arr, np.ndarray) or self.is_bf16:
+                return self.convert(value, ())
+        if arr.dtype != self.np_dtype or arr.shape != self.shape:
+            return self.convert(value, ())
+        if self.small:
+            vals = arr.tolist()
+            if type(vals) is list:
+                if vals and isinstance(vals[0], list):
+                    vals = arr.reshape(-1).tolist()
+                if vals:
+                    mn, mx, total = min(vals), max(vals), sum(vals)
+                    if mn >= self.lo_s and mx <= self.hi_s and total == total:
+                        return arr
+                    self.check_bounds(arr)
+                return arr
+            if self.lo_s <= vals <= self.hi_s:
+                return arr
+            self.check_bounds(arr)
+        elif self.lo is not None:
+            self.check_bounds(arr)
+        return arr
 
     def convert(self, value: Any, lead: Tuple[int, ...] = ()) -> np.ndarray:
         """A checked array of shape `lead + shape` in the storage dtype (may share memory with `value`)."""

@@ -302,6 +302,15 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._block.data[pos] = arr
         self._advance_segment()
 
+    def _append_via(self, writer: Any, payload: Any) -> None:
+        """Appends one row written in place by `writer(row_view, payload)` (checked data; composite storages)."""
+        if self._closed or self._read_only:
+            self._check_writable()
+        pos = self._next_write_position()
+        writer(self._block.data[pos], payload)
+        self._seg_len += 1
+        self._seg_clear_rows -= 1
+
     def _append_row_trusted(self, row: np.ndarray) -> None:
         """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""
         self._check_writable()

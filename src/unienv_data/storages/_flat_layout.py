@@ -57,6 +57,9 @@ class FlatRowPlan:
         self.is_flat_dict = isinstance(space, DictSpace) and all(len(lf.path) == 1 for lf in self.leaves)
         self._keys = frozenset(lf.key for lf in self.leaves) if self.is_flat_dict else frozenset()
         self._key_list = [lf.key for lf in self.leaves]
+        self._has_text = any(lf.text is not None for lf in self.leaves)
+        self._slots = [(lf.start, lf.stop, lf.shape == (), len(lf.shape) == 1) for lf in self.leaves]
+        self._any_row_check = any(lf.row_check for lf in self.leaves)
 
     # ---------------------------------------------------------------- description
     def layout_json(self) -> List[Dict[str, Any]]:
@@ -86,9 +89,54 @@ class FlatRowPlan:
         return out
 
     # ---------------------------------------------------------------- packing
+    def check_single(self, value: Any) -> Optional[List[np.ndarray]]:
+        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`)."""
+        if not self.is_flat_dict or self._has_text:
+            return None
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
+        if value.keys() != self._keys:
+            self._key_error(value, ())
+        return [lf.conv.convert_single(value[lf.key]) for lf in self.leaves]  # type: ignore[union-attr]
+
+    def write_checked(self, row: np.ndarray, arrs: List[np.ndarray]) -> None:
+        """Writes leaf arrays from `check_single` (already checked, row casts included) into one row."""
+        for (start, stop, scalar, flat), arr in zip(self._slots, arrs):
+            if scalar:
+                row[start] = arr
+            elif flat:
+                row[start:stop] = arr
+            else:
+                row[start:stop] = arr.reshape(-1)
+
+    def check_row_casts(self, arrs: List[np.ndarray]) -> None:
+        """Refuses values that would not survive the cast to the row dtype (before anything is written)."""
+        if not self._any_row_check:
+            return
+        for lf, arr in zip(self.leaves, arrs):
+            if lf.row_check:
+                staged = arr.reshape(-1).astype(self.row_dtype)
+                self._verify_row_cast(staged, arr, lf)
+
+    def _verify_row_cast(self, dst: np.ndarray, arr: np.ndarray, lf: "_Leaf") -> None:
+        with np.errstate(all="ignore"):
+            back = dst.astype(lf.leaf_np)
+        if not np.array_equal(back, arr.reshape(back.shape)):
+            flat = arr.reshape(-1)
+            bad = int(np.flatnonzero(back.reshape(-1) != flat)[0])
+            raise ValueError(f"key {lf.name!r}: value {flat[bad].item()!r} ({lf.leaf_np.name}) is not exactly "
+                             f"representable in the {self.row_dtype.name} flat row; keep this key in its own "
+                             "storage (e.g. DictStorage) or use a wider dtype")
+
     def pack(self, value: Any, lead: Tuple[int, ...] = ()) -> np.ndarray:
         """Checked rows of shape `lead + (width,)` in the row dtype (a new array)."""
         row = np.empty(lead + (self.width,), dtype=self.row_dtype)
+        if not lead:
+            arrs = self.check_single(value)
+            if arrs is not None:
+                self.check_row_casts(arrs)
+                self.write_checked(row, arrs)
+                return row
         if self.is_flat_dict:
             if not isinstance(value, Mapping):
                 raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
@@ -140,14 +188,7 @@ class FlatRowPlan:
         dst = row[..., lf.start:lf.stop]
         dst[...] = arr.reshape(lead + (lf.size,))
         if lf.row_check:
-            with np.errstate(all="ignore"):
-                back = dst.astype(lf.leaf_np)
-            if not np.array_equal(back, arr.reshape(back.shape)):
-                flat = arr.reshape(-1)
-                bad = int(np.flatnonzero(back.reshape(-1) != flat)[0])
-                raise ValueError(f"key {lf.name!r}: value {flat[bad].item()!r} ({lf.leaf_np.name}) is not exactly "
-                                 f"representable in the {self.row_dtype.name} flat row; keep this key in its own "
-                                 "storage (e.g. DictStorage) or use a wider dtype")
+            self._verify_row_cast(dst, arr, lf)
 
     def _put_text(self, row: np.ndarray, lf: _Leaf, v: Any, lead: Tuple[int, ...]) -> None:
         sp = lf.text

@@ -293,11 +293,18 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     def append(self, value: Any) -> None:
         """Checks one sample and writes it at the open segment's next row."""
-        self._check_writable()
-        row = self._plan.pack(value)
+        if self._closed:
+            self._check_open()
         if self._fast:
-            self.inner_storage._append_row_trusted(row)  # type: ignore[attr-defined]
+            arrs = self._plan.check_single(value)
+            if arrs is not None:
+                self._plan.check_row_casts(arrs)
+                self.inner_storage._append_via(self._plan.write_checked, arrs)  # type: ignore[attr-defined]
+                return
+            self.inner_storage._append_row_trusted(self._plan.pack(value))  # type: ignore[attr-defined]
         else:
+            self._check_writable()
+            row = self._plan.pack(value)
             self.inner_storage.append(self.backend.from_numpy(row, dtype=self._plan.flat_space.dtype, device=self.device))
 
     def open_segment_writer(self) -> SegmentWriter:

@@ -105,8 +105,8 @@ def run(out: str, episodes: int = 12, steps: int = 50, capacity: Optional[int] =
         if not np.array_equal(B.to_numpy(batch["obs"]["joint_pos"]), want):
             raise RuntimeError(f"segment at {seg_start} did not read back what was written")
         checked += len(ep)
-    idx = np.random.default_rng(1).integers(0, len(st), 256)
-    sample = st.get(B.from_numpy(idx))
+    sample_idx = np.random.default_rng(1).integers(0, len(st), 256)
+    sample = st.get(B.from_numpy(sample_idx))
     read_s = time.perf_counter() - t0
     report = {"path": path, "backend": str(B), "inner_storage": Inner.__name__, "capacity": capacity,
               "episodes_recorded": episodes, "steps_recorded": episodes * steps, "segments_kept": len(segments),

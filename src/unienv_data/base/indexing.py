@@ -33,7 +33,8 @@ class NormalizedIndex:
             return 1
         if self.slc is not None:
             return len(range(self.slc.start, self.slc.stop, self.slc.step))
-        assert self.array is not None
+        if not (self.array is not None):
+            raise RuntimeError("internal invariant violated: self.array is not None")
         return int(self.array.shape[0])
 
     def positions(self) -> np.ndarray:
@@ -42,7 +43,8 @@ class NormalizedIndex:
             return np.array([self.single], dtype=np.int64)
         if self.slc is not None:
             return np.arange(self.slc.start, self.slc.stop, self.slc.step, dtype=np.int64)
-        assert self.array is not None
+        if not (self.array is not None):
+            raise RuntimeError("internal invariant violated: self.array is not None")
         return self.array
 
     def numpy_key(self) -> Union[int, slice, np.ndarray]:
@@ -51,7 +53,8 @@ class NormalizedIndex:
             return self.single
         if self.slc is not None:
             return self.slc
-        assert self.array is not None
+        if not (self.array is not None):
+            raise RuntimeError("internal invariant violated: self.array is not None")
         return self.array
 
 

@@ -207,7 +207,8 @@ class LeafConverter:
             bad = ~((vals >= self.lo) & (vals <= self.hi))
         pos = np.argwhere(bad)[0]
         inner = tuple(int(p) for p in pos[len(pos) - len(self.shape):]) if self.shape else ()
-        assert self.lo is not None and self.hi is not None
+        if not (self.lo is not None and self.hi is not None):
+            raise RuntimeError("internal invariant violated: self.lo is not None and self.hi is not None")
         lo = self.lo[inner] if self.shape else self.lo
         hi = self.hi[inner] if self.shape else self.hi
         raise ValueError(f"{self.where}: value {vals[tuple(pos)].item()!r} at position {tuple(int(p) for p in pos)} is outside "

@@ -60,7 +60,8 @@ class ArrayBlock:
         if mode == RAM:
             self.data = np.zeros((alloc_rows,) + self.row_shape, dtype=self.dtype)
         else:
-            assert path is not None
+            if not (path is not None):
+                raise RuntimeError("internal invariant violated: path is not None")
             self.data, self._mm = _map_file(path, self.dtype, self.row_shape, alloc_rows, writable)
             if mode == SHARED and owner:
                 self._finalizer = weakref.finalize(self, _unlink_quietly, path)
@@ -72,7 +73,8 @@ class ArrayBlock:
         file is replaced, never reused."""
         if mode == SHARED:
             path = os.path.join(_shm_dir(), f"unienv-{os.getpid()}-{uuid.uuid4().hex}.shm")
-        assert path is not None
+        if not (path is not None):
+            raise RuntimeError("internal invariant violated: path is not None")
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
         row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -106,7 +108,8 @@ class ArrayBlock:
             new[:keep] = self.data[:keep]
             self.data = new
         else:
-            assert self.path is not None
+            if not (self.path is not None):
+                raise RuntimeError("internal invariant violated: self.path is not None")
             self.data, self._mm = np.zeros((0,) + self.row_shape, dtype=self.dtype), None
             with open(self.path, "r+b") as f:
                 f.truncate(rows * self.row_bytes)

@@ -101,7 +101,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             is_memmap = cache_path is not None
         if is_memmap and cache_path is None:
             raise ValueError(f"{cls.__name__}.create(is_memmap=True) needs cache_path (the file to map)")
-        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape)
+        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape or ())
         alloc = cap if cap is not None else 0
         if is_memmap:
             path = os.fspath(cache_path)  # type: ignore[arg-type]
@@ -134,7 +134,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if not os.path.isfile(path):
             raise StorageNotFoundError(f"{cls.__name__} data file not found: {path}")
         cap_arg = _check_capacity(capacity)
-        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape)
+        dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape or ())
         row_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         meta_file = sidecar_path(path)
         segments: Optional[SegmentLog] = None
@@ -232,7 +232,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             return np.array(data[norm.single])
         if norm.slc is not None:
             return np.array(data[norm.slc])
-        return np.take(data, norm.array, axis=0)
+        return np.take(data, norm.positions(), axis=0)
 
     def get(self, index: Any) -> Any:
         """Element(s) at `index`: one element for an int-like index, else a batch; always a copy."""
@@ -354,7 +354,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     def _metadata(self) -> Dict[str, Any]:
         sp = self.single_instance_space
         return {"storage_type": storage_type_name(type(self)), "format_version": FORMAT_VERSION,
-                "dtype": sp.backend.dtype_name(sp.dtype), "shape": list(sp.shape), "capacity": self._capacity,
+                "dtype": sp.backend.dtype_name(sp.dtype), "shape": list(sp.shape or ()), "capacity": self._capacity,
                 "length": self._length, "segments": self._segments.to_json()}
 
     def _write_sidecar(self, data_path: str) -> None:
@@ -381,7 +381,9 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with open(tmp, "wb") as f:
-                f.write(memoryview(np.ascontiguousarray(self._block.data[:self._length])).cast("B"))
+                step = max(1, (64 << 20) // max(1, self._block.row_bytes))  # 64 MiB at a time
+                for i in range(0, self._length, step):
+                    f.write(np.ascontiguousarray(self._block.data[i:min(self._length, i + step)]).tobytes())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -410,7 +412,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     # ------------------------------------------------------------------ pickling (worker processes)
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()
-        state = {"space": self.single_instance_space, "capacity": self._capacity, "length": self._length,
+        state: Dict[str, Any] = {"space": self.single_instance_space, "capacity": self._capacity, "length": self._length,
                  "segments": self._segments.to_json(), "read_only": self._read_only, "mode": self._block.mode,
                  "path": self._block.path}
         if self._block.mode == RAM:

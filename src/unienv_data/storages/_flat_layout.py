@@ -30,7 +30,7 @@ class _Leaf:
         self.is_binary = isinstance(info.space, BinarySpace)
         if self.text is None:
             self.conv: Optional[LeafConverter] = LeafConverter(info.space, f"key {self.name!r}")
-            self.shape: Tuple[int, ...] = tuple(info.space.shape)  # type: ignore[union-attr]
+            self.shape: Tuple[int, ...] = tuple(info.space.shape or ())
             self.leaf_np = self.conv.np_dtype
         else:
             self.conv = None
@@ -183,7 +183,8 @@ class FlatRowPlan:
         if lf.text is not None:
             self._put_text(row, lf, v, lead)
             return
-        assert lf.conv is not None
+        if not (lf.conv is not None):
+            raise RuntimeError("internal invariant violated: lf.conv is not None")
         arr = lf.conv.convert(v, lead)
         dst = row[..., lf.start:lf.stop]
         dst[...] = arr.reshape(lead + (lf.size,))
@@ -192,7 +193,8 @@ class FlatRowPlan:
 
     def _put_text(self, row: np.ndarray, lf: _Leaf, v: Any, lead: Tuple[int, ...]) -> None:
         sp = lf.text
-        assert sp is not None
+        if not (sp is not None):
+            raise RuntimeError("internal invariant violated: sp is not None")
         items = [v] if not lead else list(np.asarray(v, dtype=object).reshape(-1))
         if lead and len(items) != int(np.prod(lead)):
             raise ValueError(f"key {lf.name!r}: expected {int(np.prod(lead))} strings, got {len(items)}")
@@ -229,7 +231,8 @@ class FlatRowPlan:
 
     def _unpack_text(self, lf: _Leaf, part: np.ndarray, lead: Tuple[int, ...]) -> Any:
         sp = lf.text
-        assert sp is not None
+        if not (sp is not None):
+            raise RuntimeError("internal invariant violated: sp is not None")
         chars = sp.charset_list or []
         def dec(r: np.ndarray) -> str:
             return "".join(chars[int(i)] for i in r if 0 <= int(i) < len(chars))

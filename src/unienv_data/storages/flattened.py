@@ -109,8 +109,8 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, single_instance_space: Space, inner_storage_cls: Type[SpaceStorage], *args: Any,
-               capacity: Optional[int] = None, cache_path: Optional[str] = None, multiprocessing: bool = False,
+    def create(cls, single_instance_space: Space, inner_storage_cls: Type[SpaceStorage], *args: Any,  # type: ignore[override]
+               capacity: Optional[int] = None, cache_path: Optional[PathLike] = None, multiprocessing: bool = False,
                inner_storage_kwargs: Dict[str, Any] = {}, **kwargs: Any) -> "FlattenedStorage":
         """A new storage: `inner_storage_cls.create(flatten_space(space), *args, capacity=..., cache_path=
         <cache_path>/inner_storage<ext>, multiprocessing=..., **kwargs, **inner_storage_kwargs)`.

@@ -95,7 +95,8 @@ def _leaf_flat_bounds(leaf: FlatLeaf) -> Tuple[np.ndarray, np.ndarray]:
         return sp.low_numpy.reshape(-1), sp.high_numpy.reshape(-1)
     if isinstance(sp, BinarySpace):
         return np.zeros(leaf.size, dtype=np.int64), np.ones(leaf.size, dtype=np.int64)
-    assert isinstance(sp, TextSpace) and sp.charset is not None
+    if not (isinstance(sp, TextSpace) and sp.charset is not None):
+        raise RuntimeError("internal invariant violated: isinstance(sp, TextSpace) and sp.charset is not None")
     return np.zeros(leaf.size, dtype=np.int64), np.full(leaf.size, len(sp.charset), dtype=np.int64)
 
 
@@ -161,7 +162,8 @@ def _text_to_indices(space: TextSpace, text: Any) -> np.ndarray:
         raise TypeError(f"TextSpace data must be a str, got {type(text).__name__}")
     if len(text) > space.max_length:
         raise ValueError(f"text of length {len(text)} exceeds max_length {space.max_length}")
-    assert space.charset is not None
+    if not (space.charset is not None):
+        raise RuntimeError("internal invariant violated: space.charset is not None")
     pad = len(space.charset)
     return np.array([space.char_index(c) for c in text] + [pad] * (space.max_length - len(text)), dtype=np.int64)
 

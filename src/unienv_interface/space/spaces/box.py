@@ -113,7 +113,8 @@ class BoxSpace(Space[Any, Any, Any, Any]):
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        assert self._shape is not None
+        if not (self._shape is not None):
+            raise RuntimeError("internal invariant violated: self._shape is not None")
         return self._shape
 
     def _copy_with(self, metadata: SpaceMetadata) -> "BoxSpace":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 from .errors import StorageFormatError, StorageNotFoundError
 
@@ -12,6 +12,25 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: Version of the metadata written by this library; files without the field are reference-written (version 0).
 FORMAT_VERSION = 1
+
+_DURABLE = os.environ.get("UNIENV_DURABLE", "0") not in ("", "0", "false", "False")
+
+
+def set_durable(enabled: bool) -> None:
+    """Chooses what a commit point (`dumps`, `flush`) survives.
+
+    Always: a crash or kill of the writing process at any instant (data is written before the metadata that
+    describes it, and metadata files are replaced by an atomic rename). With `enabled` (or the environment
+    variable `UNIENV_DURABLE=1`) also a power loss: data pages and metadata files are fsync'ed, and so is the
+    directory after each rename. Off by default because fsync costs milliseconds per commit point.
+    """
+    global _DURABLE
+    _DURABLE = bool(enabled)
+
+
+def is_durable() -> bool:
+    """Whether commit points fsync (see `set_durable`)."""
+    return _DURABLE
 
 
 def fsync_dir(path: PathLike) -> None:
@@ -28,9 +47,11 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_json(path: PathLike, obj: Any, durable: bool = True) -> None:
+def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) -> None:
     """Writes `obj` as JSON to `path` so that readers see either the old or the new file, never a torn one:
-    temporary file in the same directory, flush (+ fsync when `durable`), rename over `path`, fsync the directory."""
+    temporary file in the same directory, flush (+ fsync when durable, see `set_durable`), rename over `path`,
+    fsync the directory (when durable)."""
+    durable = _DURABLE if durable is None else durable
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -270,6 +270,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         log = self._segment_log()
         if log is not None:
             log.add(start, length)
+            self._seg_clear_rows = 0  # an open append-built segment must re-check what lies ahead of it
 
     def open_segment_writer(self) -> "SegmentWriter":
         """A writer that buffers one segment and writes it on `commit(start)`; several may be open at once."""

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, read_json,
-                                    require_fields)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, is_durable,
+                                    read_json, require_fields)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -61,6 +61,8 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._read_only = read_only
         self._segments = segments if segments is not None else SegmentLog(capacity)
         self._conv = LeafConverter(single_instance_space, "value")
+        #: the metadata (length, segments) changed since it was last written; rows need no metadata
+        self._dirty = True
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -226,13 +228,25 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     def get_numpy(self, index: Any) -> np.ndarray:
         """Rows at `index` as a fresh NumPy array in the storage dtype (raw bits for bfloat16)."""
         self._check_open()
-        norm = self._norm(index)
         data = self._block.data
+        if not isinstance(index, (int, slice, np.ndarray)) and type(index).__module__.startswith("torch"):
+            try:
+                index = index.numpy()
+            except Exception:
+                pass
+        if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu":
+            # fast path: NumPy's take checks the range itself (negatives included); a failure is re-diagnosed
+            if self._length == self._block.alloc_rows:
+                try:
+                    return data.take(index, axis=0)
+                except IndexError:
+                    pass
+        norm = self._norm(index)
         if norm.single is not None:
             return np.array(data[norm.single])
         if norm.slc is not None:
             return np.array(data[norm.slc])
-        return np.take(data, norm.positions(), axis=0)
+        return data.take(norm.positions(), axis=0)
 
     def get(self, index: Any) -> Any:
         """Element(s) at `index`: one element for an int-like index, else a batch; always a copy."""
@@ -278,6 +292,21 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                     idx, arr = idx[keep], arr[keep]
             data[idx] = arr
 
+    def _write_via(self, index: Any, writer: Any, payload: Any) -> None:
+        """Writes checked data with `writer(rows_view, payload)`: straight into the storage for an int or a slice,
+        through one staging array and one scatter for index arrays (composite storages)."""
+        self._check_writable()
+        norm = self._norm(index)
+        data = self._block.data
+        if norm.single is not None:
+            writer(data[norm.single:norm.single + 1], payload)
+        elif norm.slc is not None:
+            writer(data[norm.slc], payload)
+        else:
+            staging = np.empty((norm.count(),) + self._block.row_shape, dtype=self._block.dtype)
+            writer(staging, payload)
+            self._write(norm, staging)
+
     def _write_rows_trusted(self, index: Any, rows: np.ndarray) -> None:
         """Writes already-checked rows in the storage dtype (used by composite storages)."""
         self._check_writable()
@@ -318,6 +347,10 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._block.data[pos] = row
         self._advance_segment()
 
+    def _record_segment(self, start: int, length: int) -> None:
+        super()._record_segment(start, length)
+        self._dirty = True
+
     # ------------------------------------------------------------------ growth
     def extend_length(self, length: int) -> None:
         """Adds `length` zero rows at the end (growable storages only; a no-op for a fixed capacity)."""
@@ -327,6 +360,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
             raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
         new_len = self._length + int(length)
+        self._dirty = True
         if new_len > self._block.alloc_rows:
             self._block.resize(max(new_len, 2 * self._block.alloc_rows, 16))
         self._length = new_len
@@ -339,6 +373,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
             raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
         self._length -= int(length)
+        self._dirty = True
         self._block.data[self._length:] = 0
         self._segments.truncate(self._length)
         if self._seg_start is not None and self._seg_start + self._seg_len > self._length:
@@ -347,6 +382,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""
         super().clear()
+        self._dirty = True
         if self._capacity is not None:
             self._block.data[...] = 0
 
@@ -364,8 +400,10 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         """Makes everything written so far durable in the cache file: data pages first, then the metadata."""
         self._check_open()
         if self._block.mode == MEMMAP and not self._read_only:
-            self._block.flush()
+            if is_durable():
+                self._block.flush()
             self._write_sidecar(str(self._block.path))
+            self._dirty = False
 
     def dumps(self, path: PathLike) -> None:
         """Writes the rows (raw, reference layout) and the sidecar metadata to `path`; its own file flushes."""
@@ -385,7 +423,8 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                 for i in range(0, self._length, step):
                     f.write(np.ascontiguousarray(self._block.data[i:min(self._length, i + step)]).tobytes())
                 f.flush()
-                os.fsync(f.fileno())
+                if is_durable():
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -398,7 +437,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if self._closed:
             return
         try:
-            if self._block.mode == MEMMAP and not self._read_only:
+            if self._block.mode == MEMMAP and not self._read_only and (self._dirty or is_durable()):
                 self.flush()
         finally:
             self._block.release()

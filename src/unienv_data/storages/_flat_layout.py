@@ -16,6 +16,11 @@ from unienv_interface.space import BinarySpace, DictSpace, Space, TextSpace, Tup
 from unienv_interface.space.space_utils.flatten_utils import FlatLeaf, flat_leaves, flatten_space
 
 
+def _torch_from_numpy() -> Any:
+    import torch
+    return torch.from_numpy
+
+
 class _Leaf:
     __slots__ = ("info", "key", "path", "name", "start", "stop", "shape", "size", "conv", "leaf_np", "row_check",
                  "text", "is_binary", "same_dtype")
@@ -60,6 +65,8 @@ class FlatRowPlan:
         self._has_text = any(lf.text is not None for lf in self.leaves)
         self._slots = [(lf.start, lf.stop, lf.shape == (), len(lf.shape) == 1) for lf in self.leaves]
         self._any_row_check = any(lf.row_check for lf in self.leaves)
+        self._wrappers = self._make_wrappers()
+        self._no_wrappers: List[Any] = [None] * len(self.leaves)
 
     # ---------------------------------------------------------------- description
     def layout_json(self) -> List[Dict[str, Any]]:
@@ -98,6 +105,24 @@ class FlatRowPlan:
         if value.keys() != self._keys:
             self._key_error(value, ())
         return [lf.conv.convert_single(value[lf.key]) for lf in self.leaves]  # type: ignore[union-attr]
+
+    def check_batch(self, value: Any, lead: Tuple[int, ...]) -> Optional[List[np.ndarray]]:
+        """Checked leaf arrays (shape `lead + leaf shape`) of a batch of a flat dict space (None otherwise)."""
+        if not self.is_flat_dict or self._has_text:
+            return None
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
+        if value.keys() != self._keys:
+            self._key_error(value, ())
+        arrs = [lf.conv.convert(value[lf.key], lead) for lf in self.leaves]  # type: ignore[union-attr]
+        self.check_row_casts(arrs)
+        return arrs
+
+    def write_checked_batch(self, rows: np.ndarray, arrs: List[np.ndarray]) -> None:
+        """Writes leaf arrays from `check_batch` into rows of shape `(n, width)`."""
+        n = rows.shape[0]
+        for lf, arr in zip(self.leaves, arrs):
+            rows[:, lf.start:lf.stop] = arr.reshape(n, lf.size)
 
     def write_checked(self, row: np.ndarray, arrs: List[np.ndarray]) -> None:
         """Writes leaf arrays from `check_single` (already checked, row casts included) into one row."""
@@ -209,11 +234,33 @@ class FlatRowPlan:
         row[..., lf.start:lf.stop] = out.reshape(lead + (lf.size,))
 
     # ---------------------------------------------------------------- unpacking
-    def unpack(self, rows: np.ndarray) -> Any:
-        """Structured data (NumPy leaves in their own dtypes) from rows of shape `lead + (width,)`."""
+    def _make_wrappers(self) -> List[Any]:
+        """Per leaf: the function turning a fresh NumPy leaf into an array of the space's backend."""
+        b = self.backend
+        dev = self.space.device
+        if b.simplified_name == "numpy":
+            return [None] * len(self.leaves)
+        out: List[Any] = []
+        on_cpu = dev is None or str(dev) in ("cpu", "cpu:0")
+        for lf in self.leaves:
+            if lf.text is not None:
+                out.append(None)
+            elif lf.conv is not None and lf.conv.is_bf16:
+                bf16 = b.dtype_from_name("bfloat16")
+                out.append(lambda x, _b=b, _d=dev, _t=bf16: _b.from_numpy(x, device=_d).view(_t))
+            elif b.simplified_name == "pytorch" and on_cpu:
+                out.append(_torch_from_numpy())
+            else:
+                out.append(lambda x, _b=b, _d=dev: _b.from_numpy(x, device=_d))
+        return out
+
+    def unpack(self, rows: np.ndarray, to_backend: bool = False) -> Any:
+        """Structured data from rows of shape `lead + (width,)`: NumPy leaves in their own dtypes, or arrays of
+        the space's backend with `to_backend`. `rows` must be a fresh array (leaves may be views of it)."""
         lead = rows.shape[:-1]
         leaves: List[Any] = []
-        for lf in self.leaves:
+        wrappers = self._wrappers if to_backend else self._no_wrappers
+        for lf, wrap in zip(self.leaves, wrappers):
             part = rows[..., lf.start:lf.stop]
             if lf.text is not None:
                 leaves.append(self._unpack_text(lf, part, lead))
@@ -224,7 +271,8 @@ class FlatRowPlan:
                 arr = part
             else:
                 arr = part.astype(lf.leaf_np)
-            leaves.append(arr.reshape(lead + lf.shape))
+            arr = arr.reshape(lead + lf.shape)
+            leaves.append(arr if wrap is None else wrap(arr))
         if self.is_flat_dict:
             return dict(zip(self._key_list, leaves))
         return self._assemble(self.space, iter(leaves))

@@ -28,6 +28,16 @@ class FlattenPromotionWarning(UserWarning):
 
 
 _WARNED: Set[str] = set()
+_LAST_PLAN: List[Any] = [None, None]
+
+
+def _plan_for(space: Space) -> FlatRowPlan:
+    """The row plan of `space`, reused when the same space object is asked for again (create / load + init)."""
+    if _LAST_PLAN[0] is space:
+        return _LAST_PLAN[1]  # type: ignore[no-any-return]
+    plan = FlatRowPlan(space)
+    _LAST_PLAN[0], _LAST_PLAN[1] = space, plan
+    return plan
 
 
 def _warn_promotion(plan: FlatRowPlan) -> None:
@@ -86,7 +96,7 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
                  cache_filename: Optional[Union[str, PathLike]] = None) -> None:
         if not isinstance(inner_storage, SpaceStorage):
             raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
-        plan = FlatRowPlan(single_instance_space)
+        plan = _plan_for(single_instance_space)
         inner_space = inner_storage.single_instance_space
         if inner_space.backend is not single_instance_space.backend:
             raise ValueError(f"inner storage backend {inner_space.backend} differs from the space's "
@@ -120,7 +130,7 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         """
         if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
             raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
-        plan = FlatRowPlan(single_instance_space)
+        plan = _plan_for(single_instance_space)
         _warn_promotion(plan)
         inner_path = "inner_storage" + (inner_storage_cls.single_file_ext or "")
         if cache_path is not None:
@@ -154,7 +164,7 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected 'FlattenedStorage'")
         inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
         inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
-        plan = FlatRowPlan(single_instance_space)
+        plan = _plan_for(single_instance_space)
         if version >= 1:
             stored_layout = meta.get("layout")
             if not isinstance(stored_layout, list):
@@ -255,7 +265,7 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def get(self, index: Any) -> Any:
         """Sample(s) at `index` with every leaf in its own dtype (copies): an int-like index gives one sample."""
         self._check_open()
-        return self._plan.to_backend(self._plan.unpack(self._rows_numpy(index)))
+        return self._plan.unpack(self._rows_numpy(index), to_backend=True)
 
     def get_flattened(self, index: Any) -> Any:
         """The flat row(s) at `index` (a copy, never a view into the storage)."""
@@ -274,6 +284,11 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self._check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
         lead = () if norm.single is not None else (norm.count(),)
+        if self._fast and lead:
+            arrs = self._plan.check_batch(value, lead)
+            if arrs is not None:
+                self.inner_storage._write_via(norm.numpy_key(), self._plan.write_checked_batch, arrs)  # type: ignore[attr-defined]
+                return
         self._write_rows(norm.numpy_key(), self._plan.pack(value, lead))
 
     def set_flattened(self, index: Any, value: Any) -> None:

@@ -61,6 +61,8 @@ rows_st = st.tuples(
 single_form_st = st.sampled_from(["torch", "numpy", "python"])
 batch_form_st = st.sampled_from(["torch", "numpy"])
 index_form_st = st.sampled_from(["torch", "numpy", "list"])
+#: what a mutating step does afterwards: nothing, a commit point, or close + reopen
+then_st = st.sampled_from(["none", "none", "flush", "reopen"])
 
 BAD_VALUE_KINDS = [
     "a_short", "a_long", "a_extra_dim", "b_vector", "c_vector", "a_oob", "a_inf", "a_nan", "b_oob", "b_nan",
@@ -299,6 +301,14 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
         np.testing.assert_array_equal(got["c"].numpy(), c)
         assert st_.get_segments() == m.expected_segments()
 
+    def _then(self, then: str) -> None:
+        """Optionally ends a step with a commit point (flush) or a close + reopen, so that persistence is
+        exercised right after every kind of change."""
+        if then == "flush":
+            self.storage.flush()
+        elif then == "reopen" and self.model.open is None:
+            self._reopen()
+
     # ------------------------------------------------------------------ invariants
     @invariant()
     def storage_equals_model(self) -> None:
@@ -308,13 +318,14 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ random access writes
     @precondition(lambda self: len(self.model) > 0)
-    @rule(data=st.data(), row=rows_st, form=single_form_st)
-    def set_at_int(self, data: Any, row: Row, form: str) -> None:
+    @rule(data=st.data(), row=rows_st, form=single_form_st, then=then_st)
+    def set_at_int(self, data: Any, row: Row, form: str, then: str) -> None:
         i = self._draw_index(data)
         kind = data.draw(st.sampled_from(["int", "np_int", "tensor0d"]), label="int_kind")
         idx: Any = {"int": i, "np_int": np.int64(i), "tensor0d": torch.tensor(i)}[kind]
         self.storage.set(idx, single_value(row, form))
         self.model.write(self.model.norm_index(i), row)
+        self._then(then)
 
     @precondition(lambda self: len(self.model) > 0)
     @rule(data=st.data(), form=batch_form_st, index_form=index_form_st)
@@ -380,8 +391,8 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ append-built segments
     @precondition(lambda self: self.model.open is None)
-    @rule(data=st.data(), form=single_form_st, finish=st.sampled_from(["end", "abort"]))
-    def append_built_segment(self, data: Any, form: str, finish: str) -> None:
+    @rule(data=st.data(), form=single_form_st, finish=st.sampled_from(["end", "abort"]), then=then_st)
+    def append_built_segment(self, data: Any, form: str, finish: str, then: str) -> None:
         """mark_segment_start + several appends + mark_segment_end (or abort_segment), all in one step."""
         start = self._draw_start(data)
         max_len = min(self._max_segment_len(), self._room())
@@ -403,6 +414,7 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
             self.storage.abort_segment()
         self.model.open = None
         assert not self.storage.has_open_segment
+        self._then(then)
 
     @precondition(lambda self: self.model.open is None)
     @rule(data=st.data())
@@ -426,18 +438,20 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
         self.model.append_open(row)
 
     @precondition(lambda self: self.model.open is not None)
-    @rule()
-    def end_open_segment(self) -> None:
+    @rule(then=then_st)
+    def end_open_segment(self, then: str) -> None:
         self.storage.mark_segment_end()
         assert self.model.open is not None
         self.model.record(*self.model.open)
         self.model.open = None
+        self._then(then)
 
-    @rule()
-    def abort_segment(self) -> None:
+    @rule(then=then_st)
+    def abort_segment(self, then: str) -> None:
         """abort_segment: forgets the open segment (a no-op when none is open)."""
         self.storage.abort_segment()
         self.model.open = None
+        self._then(then)
 
     @precondition(lambda self: self.model.open is None)
     @rule(row=rows_st)
@@ -467,8 +481,8 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
         assert entry[0].length == len(entry[1])
 
     @precondition(lambda self: len(self.writers) > 0)
-    @rule(data=st.data(), finish_first=st.booleans())
-    def writer_commit(self, data: Any, finish_first: bool) -> None:
+    @rule(data=st.data(), finish_first=st.booleans(), then=then_st)
+    def writer_commit(self, data: Any, finish_first: bool, then: str) -> None:
         entry = data.draw(st.sampled_from(self.writers), label="writer")
         w, rows = entry
         if not self.capacity and len(self.model) + len(rows) > MAX_GROW_LEN + 6:
@@ -488,6 +502,7 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
             w.commit(start)
         with pytest.raises(StorageStateError):
             w.append(single_value(ZERO_ROW, "torch"))
+        self._then(then)
 
     @precondition(lambda self: len(self.writers) > 0)
     @rule(data=st.data())
@@ -499,34 +514,54 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
             entry[0].commit(0)
 
     # ------------------------------------------------------------------ clear / persistence
-    @rule()
-    def clear(self) -> None:
+    @rule(then=then_st)
+    def clear(self, then: str) -> None:
         self.storage.clear()
         self.model.clear()
+        self._then(then)
 
-    @precondition(lambda self: self.model.open is None)
-    @rule(mode=st.sampled_from(["dumps", "flush", "close", "peek_read_only"]))
-    def reopen(self, mode: str) -> None:
-        """Persist to the cache directory, close, and reopen writable (or peek with a read-only second handle)."""
-        if mode == "peek_read_only":
-            self.storage.dumps(self.path)
-            peek = FlattenedStorage.load_from(self.path, SPACE, read_only=True)
-            try:
-                assert not peek.is_mutable
-                self._assert_matches_model(peek)
-            finally:
-                peek.close()
-            return
-        if mode == "dumps":
-            self.storage.dumps(self.path)
-        elif mode == "flush":
-            self.storage.flush()
+    def _reopen(self) -> None:
         self.storage.close()
+        self.storage.close()  # idempotent
         for w, _rows in self.writers:  # writers of the closed storage are dropped
             w.abort()
         self.writers = []
         self.storage = FlattenedStorage.load_from(self.path, SPACE, read_only=False)
         assert self.storage.is_mutable
+
+    @precondition(lambda self: self.model.open is None)
+    @rule()
+    def dumps_close_reopen(self) -> None:
+        """dumps to the cache directory, close, load_from(read_only=False)."""
+        self.storage.dumps(self.path)
+        self._reopen()
+
+    @precondition(lambda self: self.model.open is None)
+    @rule()
+    def close_reopen(self) -> None:
+        """close persists a writable memory-mapped storage by itself."""
+        self._reopen()
+
+    @precondition(lambda self: self.model.open is None)
+    @rule()
+    def flush(self) -> None:
+        """A commit point without closing."""
+        self.storage.flush()
+
+    @precondition(lambda self: self.model.open is None)
+    @rule(use_dumps=st.booleans())
+    def peek_read_only(self, use_dumps: bool) -> None:
+        """After a commit point, a second, read-only handle sees exactly the model."""
+        if use_dumps:
+            self.storage.dumps(self.path)
+        else:
+            self.storage.flush()
+        peek = FlattenedStorage.load_from(self.path, SPACE, read_only=True)
+        try:
+            assert not peek.is_mutable
+            self._assert_matches_model(peek)
+        finally:
+            peek.close()
 
     # ------------------------------------------------------------------ bad input
     @rule(data=st.data(), kind=st.sampled_from(BAD_VALUE_KINDS + BAD_INDEX_KINDS), form=batch_form_st,
@@ -632,18 +667,20 @@ class GrowableMachine(_FlattenedStorageMachine):
     capacity = None
 
     @precondition(lambda self: len(self.model) < MAX_GROW_LEN)
-    @rule(data=st.data())
-    def extend_length(self, data: Any) -> None:
+    @rule(data=st.data(), then=then_st)
+    def extend_length(self, data: Any, then: str) -> None:
         k = data.draw(st.integers(0, min(4, MAX_GROW_LEN - len(self.model))), label="k")
         self.storage.extend_length(k)
         for _ in range(k):
             self.model.rows.append(ZERO_ROW)
+        self._then(then)
 
-    @rule(data=st.data())
-    def shrink_length(self, data: Any) -> None:
+    @rule(data=st.data(), then=then_st)
+    def shrink_length(self, data: Any, then: str) -> None:
         k = data.draw(st.integers(0, len(self.model)), label="k")
         self.storage.shrink_length(k)
         self.model.shrink(k)
+        self._then(then)
 
     @rule(k=st.integers(-3, -1))
     def negative_extend_or_too_large_shrink_is_refused(self, k: int) -> None:

@@ -33,6 +33,8 @@ class SegmentLog:
     def __init__(self, capacity: Optional[int], runs: Iterable[Tuple[int, int]] = ()) -> None:
         self.capacity = capacity
         self._runs: List[Tuple[int, int]] = []
+        #: bumped on every change, so owners know when their persisted copy is stale
+        self.version = 0
         for s, n in runs:
             self.add(s, n)
 
@@ -52,20 +54,29 @@ class SegmentLog:
         new = (int(start), int(length))
         self._runs = [r for r in self._runs if not ring_positions_overlap(r, new, self.capacity)]
         self._runs.append(new)
+        self.version += 1
 
     def drop_overlapping(self, start: int, length: int) -> None:
         """Forgets every segment that shares a row with the run `(start, length)` (rows about to be overwritten)."""
         if length <= 0:
             return
         run = (int(start), int(length))
-        self._runs = [r for r in self._runs if not ring_positions_overlap(r, run, self.capacity)]
+        kept = [r for r in self._runs if not ring_positions_overlap(r, run, self.capacity)]
+        if len(kept) != len(self._runs):
+            self._runs = kept
+            self.version += 1
 
     def truncate(self, length: int) -> None:
         """Forgets segments reaching past row `length` (a growable storage shrank)."""
-        self._runs = [(s, n) for s, n in self._runs if s + n <= length]
+        kept = [(s, n) for s, n in self._runs if s + n <= length]
+        if len(kept) != len(self._runs):
+            self._runs = kept
+            self.version += 1
 
     def clear(self) -> None:
-        self._runs = []
+        if self._runs:
+            self._runs = []
+            self.version += 1
 
     def inclusive_ranges(self) -> List[Tuple[int, int]]:
         """`(start, end)` with an inclusive physical end (end < start when the segment wraps), oldest first."""

@@ -32,6 +32,21 @@ def _f32_to_bf16_exact(values: np.ndarray) -> Optional[np.ndarray]:
     return (bits >> 16).astype(np.uint16)
 
 
+_MANTISSA = {2: 11, 4: 24, 8: 53}
+
+
+def is_lossless_cast(src: np.dtype, dst: np.dtype) -> bool:
+    """True when every value of `src` survives a cast to `dst` unchanged (stricter than NumPy's 'safe', which
+    calls int64 -> float64 safe although 2**53 + 1 does not survive it)."""
+    src, dst = np.dtype(src), np.dtype(dst)
+    if src == dst or src.kind == "b":
+        return True
+    if src.kind in "iu" and dst.kind == "f":
+        bits = src.itemsize * 8 - (1 if src.kind == "i" else 0)
+        return bits <= _MANTISSA.get(dst.itemsize, 0)
+    return bool(np.can_cast(src, dst, "safe"))
+
+
 def _describe(value: Any) -> str:
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -173,7 +188,7 @@ class LeafConverter:
             if raw is None or not np.array_equal(_bf16_to_f32(raw).astype(arr.dtype), arr):
                 raise ValueError(f"{self.where}: {arr.dtype} values are not exactly representable as bfloat16")
             return raw
-        if src_kind == "b" or np.can_cast(arr.dtype, target, "safe"):
+        if src_kind == "b" or is_lossless_cast(arr.dtype, target):
             return arr.astype(target)
         with np.errstate(all="ignore"):
             out = arr.astype(target)
@@ -191,25 +206,21 @@ class LeafConverter:
 
     def check_bounds(self, arr: np.ndarray) -> None:
         """ValueError naming the first value outside `[low, high]` (NaN included)."""
+        if self.lo is None or self.hi is None:
+            return
         vals = _bf16_to_f32(arr) if self.is_bf16 else arr
+        if vals.size == 0:
+            return
         if self.lo_s is not None:
-            if vals.size == 0:
+            if vals.min() >= self.lo_s and vals.max() <= self.hi_s:
                 return
-            lo_v, hi_v = vals.min(), vals.max()
-            if lo_v >= self.lo_s and hi_v <= self.hi_s:
-                return
-        else:
-            with np.errstate(invalid="ignore"):
-                ok = (vals >= self.lo) & (vals <= self.hi)
-            if ok.all():
-                return
+        lo = np.broadcast_to(self.lo, vals.shape)
+        hi = np.broadcast_to(self.hi, vals.shape)
         with np.errstate(invalid="ignore"):
-            bad = ~((vals >= self.lo) & (vals <= self.hi))
-        pos = np.argwhere(bad)[0]
-        inner = tuple(int(p) for p in pos[len(pos) - len(self.shape):]) if self.shape else ()
-        if not (self.lo is not None and self.hi is not None):
-            raise RuntimeError("internal invariant violated: self.lo is not None and self.hi is not None")
-        lo = self.lo[inner] if self.shape else self.lo
-        hi = self.hi[inner] if self.shape else self.hi
-        raise ValueError(f"{self.where}: value {vals[tuple(pos)].item()!r} at position {tuple(int(p) for p in pos)} is outside "
-                         f"the space bounds [{lo}, {hi}]")
+            ok = (vals >= lo) & (vals <= hi)
+        if ok.all():
+            return
+        bad = int(np.flatnonzero(~ok.reshape(-1))[0])
+        pos = tuple(int(p) for p in np.unravel_index(bad, vals.shape))
+        raise ValueError(f"{self.where}: value {vals.reshape(-1)[bad].item()!r} at position {pos} is outside the space "
+                         f"bounds [{lo.reshape(-1)[bad].item()!r}, {hi.reshape(-1)[bad].item()!r}]")

@@ -61,8 +61,9 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._read_only = read_only
         self._segments = segments if segments is not None else SegmentLog(capacity)
         self._conv = LeafConverter(single_instance_space, "value")
-        #: the metadata (length, segments) changed since it was last written; rows need no metadata
-        self._dirty = True
+        #: the length changed since the metadata was last written (rows themselves need no metadata)
+        self._meta_dirty = True
+        self._saved_log_version = -1
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -209,6 +210,11 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         return self._block.mode in (MEMMAP, SHARED)
 
     @property
+    def _dirty(self) -> bool:
+        """Whether the sidecar metadata is stale (length or segments changed since it was written)."""
+        return self._meta_dirty or self._segments.version != self._saved_log_version
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the rows in use."""
         return self._block.nbytes(self._length)
@@ -347,10 +353,6 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._block.data[pos] = row
         self._advance_segment()
 
-    def _record_segment(self, start: int, length: int) -> None:
-        super()._record_segment(start, length)
-        self._dirty = True
-
     # ------------------------------------------------------------------ growth
     def extend_length(self, length: int) -> None:
         """Adds `length` zero rows at the end (growable storages only; a no-op for a fixed capacity)."""
@@ -360,7 +362,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
             raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
         new_len = self._length + int(length)
-        self._dirty = True
+        self._meta_dirty = True
         if new_len > self._block.alloc_rows:
             self._block.resize(max(new_len, 2 * self._block.alloc_rows, 16))
         self._length = new_len
@@ -373,7 +375,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
             raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
         self._length -= int(length)
-        self._dirty = True
+        self._meta_dirty = True
         self._block.data[self._length:] = 0
         self._segments.truncate(self._length)
         if self._seg_start is not None and self._seg_start + self._seg_len > self._length:
@@ -382,7 +384,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""
         super().clear()
-        self._dirty = True
+        self._meta_dirty = True
         if self._capacity is not None:
             self._block.data[...] = 0
 
@@ -403,7 +405,8 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             if is_durable():
                 self._block.flush()
             self._write_sidecar(str(self._block.path))
-            self._dirty = False
+            self._meta_dirty = False
+            self._saved_log_version = self._segments.version
 
     def dumps(self, path: PathLike) -> None:
         """Writes the rows (raw, reference layout) and the sidecar metadata to `path`; its own file flushes."""

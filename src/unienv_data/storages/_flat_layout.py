@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from unienv_data.base.values import LeafConverter
+from unienv_data.base.values import LeafConverter, is_lossless_cast
 from unienv_interface.space import BinarySpace, DictSpace, Space, TextSpace, TupleSpace
 from unienv_interface.space.space_utils.flatten_utils import FlatLeaf, flat_leaves, flatten_space
 
@@ -43,7 +43,7 @@ class _Leaf:
             self.leaf_np = np.dtype(np.int64)
         rd = np.dtype(row_np)
         self.same_dtype = self.leaf_np == rd and not self.is_binary
-        self.row_check = not (np.can_cast(self.leaf_np, rd, "safe") or self.leaf_np.kind == "b")
+        self.row_check = not is_lossless_cast(self.leaf_np, rd)
 
 
 class FlatRowPlan:

@@ -65,8 +65,9 @@ class BoxSpace(Space[Any, Any, Any, Any]):
                                  f"[{info.min}, {info.max}]")
             if (np.floor(lo_full) != lo_full).any() or (np.floor(hi_full) != hi_full).any():
                 raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be whole numbers")
-            low_np = lo_full.astype(np_dt)
-            high_np = hi_full.astype(np_dt)
+            with np.errstate(invalid="ignore"):
+                low_np = lo_full.astype(np_dt)
+                high_np = hi_full.astype(np_dt)
             # exact for int64 extremes too: cast the Python values, not the float64 approximation
             if np_dt.itemsize == 8:
                 low_np = np.where(np.isneginf(np.broadcast_to(lo, shp)), info.min, low_np).astype(np_dt)

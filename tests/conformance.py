@@ -145,15 +145,6 @@ def stack_tree(items: Sequence[Any]) -> Any:
     return np.stack([np.asarray(x) for x in items])
 
 
-def index_tree(batch: Any, i: int) -> Any:
-    """Element `i` of a batch (0-d leaves stay arrays)."""
-    def pick(x: Any) -> Any:
-        if is_torch(x):
-            return x[i].clone()
-        return np.array(np.asarray(x)[i], copy=True)
-    return tree_map(pick, batch)
-
-
 def zeros_like_tree(tree: Any) -> Any:
     return tree_map(lambda x: torch.zeros_like(x) if is_torch(x) else np.zeros_like(np.asarray(x)), tree)
 
@@ -542,6 +533,20 @@ class StorageConformance:
                 self.assert_rows(st, model)
             except AssertionError as exc:
                 raise AssertionError(f"index form {label}: {exc}") from None
+
+    def test_space_samples_round_trip(self, tmp_path: Any) -> None:
+        """Whatever the space itself samples is a valid element: it is stored and read back exactly."""
+        st = self.new_storage(tmp_path)
+        rng = self.space.backend.random.random_number_generator(self.seed)
+        drawn = []
+        for i in range(3):
+            rng, v = self.space.sample(rng)
+            drawn.append(v)
+            st.set(i, v)
+        for i, v in enumerate(drawn):
+            self.assert_equal(st.get(i), v)
+        st.set(slice(3, 5), stack_tree(drawn[:2]))
+        self.assert_equal(st.get(slice(3, 5)), stack_tree(drawn[:2]))
 
     def test_get_batch_results_are_batched(self, tmp_path: Any) -> None:
         st, model = self.filled(tmp_path)

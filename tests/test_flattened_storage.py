@@ -100,7 +100,6 @@ class TestFlattenedTorchShared(_FlattenedConformance):
     memmap = False
     shared = True
     shares_rows_when_pickled = True
-    spawn_check = True
 
     def make_space(self) -> DictSpace:
         return w1_space()

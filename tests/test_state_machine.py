@@ -690,7 +690,7 @@ class GrowableMachine(_FlattenedStorageMachine):
             self.storage.shrink_length(len(self.model) - k)
 
 
-_SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
+_SETTINGS = settings(max_examples=120, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                             HealthCheck.data_too_large])
 

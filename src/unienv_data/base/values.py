@@ -25,7 +25,7 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
 
 def _f32_to_bf16_exact(values: np.ndarray) -> Optional[np.ndarray]:
     """Raw bfloat16 bits of float32 values, or None if any value is not exactly representable."""
-    f = np.ascontiguousarray(values, dtype=np.float32)
+    f = np.array(values, dtype=np.float32, order="C")
     bits = f.view(np.uint32)
     if np.any(bits & 0xFFFF):
         return None

@@ -185,7 +185,7 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
                     a = first
         if try_cast_scalar and a.size == 1:
             return a.reshape(()).item()
-        return cls.from_numpy(np.ascontiguousarray(a), device=cls.device(x) if cls.is_backendarray(x) else None)
+        return cls.from_numpy(np.array(a, order="C"), device=cls.device(x) if cls.is_backendarray(x) else None)
 
     @classmethod
     def map_fn_over_arrays(cls, data: Any, fn: Callable[[Any], Any]) -> Any:

@@ -74,16 +74,16 @@ class BoxSpace(Space[Any, Any, Any, Any]):
                 high_np = np.where(np.isposinf(np.broadcast_to(hi, shp)), info.max, high_np).astype(np_dt)
         else:
             if is_bf16:
-                low_np = np.ascontiguousarray(lo_full, dtype=np.float32)
-                high_np = np.ascontiguousarray(hi_full, dtype=np.float32)
+                low_np = np.array(lo_full, dtype=np.float32, order="C")
+                high_np = np.array(hi_full, dtype=np.float32, order="C")
             else:
                 low_np = lo_full.astype(np_dt)
                 high_np = hi_full.astype(np_dt)
         if (low_np > high_np).any():
             raise ValueError(f"BoxSpace needs low <= high everywhere; got low={lo.tolist()} high={hi.tolist()}")
         super().__init__(backend, shape=shp, device=device, dtype=dt, metadata=metadata)
-        self._low_np = np.ascontiguousarray(low_np)
-        self._high_np = np.ascontiguousarray(high_np)
+        self._low_np = np.array(low_np, order="C")
+        self._high_np = np.array(high_np, order="C")
         self._low_np.flags.writeable = False
         self._high_np.flags.writeable = False
         self._low: Any = None

@@ -428,7 +428,7 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def second_segment_start_is_refused(self, data: Any) -> None:
         with pytest.raises(StorageStateError):
-            self.storage.mark_segment_start(self._draw_start(data) if len(self.model) else 0)
+            self.storage.mark_segment_start(self._draw_start(data))
 
     @precondition(lambda self: self.model.open is not None and self.model.open[1] < self._max_segment_len()
                   and self._room() > 0)
@@ -485,8 +485,9 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
     def writer_commit(self, data: Any, finish_first: bool, then: str) -> None:
         entry = data.draw(st.sampled_from(self.writers), label="writer")
         w, rows = entry
-        if not self.capacity and len(self.model) + len(rows) > MAX_GROW_LEN + 6:
-            start = 0
+        n = len(self.model)
+        if not self.capacity and n + len(rows) > MAX_GROW_LEN:
+            start = data.draw(st.integers(0, max(0, n - len(rows))), label="start")  # keep the storage small
         else:
             start = self._draw_start(data)
         if finish_first:
@@ -560,6 +561,11 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
         try:
             assert not peek.is_mutable
             self._assert_matches_model(peek)
+            with pytest.raises(StorageStateError):  # ReadOnlyStorageError
+                peek.mark_segment_start(0)
+            if len(self.model):
+                with pytest.raises(StorageStateError):
+                    peek.set(0, single_value(ZERO_ROW, "torch"))
         finally:
             peek.close()
 
@@ -609,7 +615,7 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
             try:
                 with pytest.raises(BAD_INPUT_ERRORS):
                     self.storage.append(value)
-                assert self.storage.pending_segment_length == (0 if opened_here else m.open[1])
+                assert self.storage.has_open_segment  # a rejected row leaves the segment open
             finally:
                 if opened_here:
                     self.storage.abort_segment()

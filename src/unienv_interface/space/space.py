@@ -19,8 +19,7 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
 
     def __init__(self, backend: Any, shape: Optional[Tuple[int, ...]] = None, device: Any = None,
                  dtype: Any = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
-        if not (isinstance(backend, type) and issubclass(backend, ComputeBackend)):
-            raise TypeError(f"backend must be a ComputeBackend class (e.g. NumpyComputeBackend), got {backend!r}")
+        check_backend(backend)
         self._backend = backend
         self._shape = None if shape is None else tuple(int(d) for d in shape)
         self._device = device
@@ -103,6 +102,12 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
         return self.get_repr()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def check_backend(backend: Any) -> None:
+    """TypeError unless `backend` is a ComputeBackend class."""
+    if not (isinstance(backend, type) and issubclass(backend, ComputeBackend)):
+        raise TypeError(f"backend must be a ComputeBackend class (e.g. NumpyComputeBackend), got {backend!r}")
 
 
 def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any, Any]:

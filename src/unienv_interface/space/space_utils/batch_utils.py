@@ -127,7 +127,10 @@ def get_at(batched_space: Space, items: Any, index: Any) -> Any:
         return {k: get_at(s, items[k], index) for k, s in batched_space.spaces.items()}
     if isinstance(batched_space, TupleSpace):
         return tuple(get_at(s, items[i], index) for i, s in enumerate(batched_space.spaces))
-    return items[index]
+    out = items[index]
+    if isinstance(out, np.generic):  # NumPy turns a single element into a scalar: keep it a 0-d array
+        out = np.asarray(out)
+    return out
 
 
 def set_at(batched_space: Space, items: Any, index: Any, value: Any) -> Any:

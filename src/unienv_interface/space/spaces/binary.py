@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, resolve_backend_device
+from ..space import Space, check_backend, resolve_backend_device
 
 
 class BinarySpace(Space[Any, Any, Any, Any]):
@@ -14,6 +14,7 @@ class BinarySpace(Space[Any, Any, Any, Any]):
 
     def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,
                  metadata: Optional[Mapping[str, Any]] = None) -> None:
+        check_backend(backend)
         dt = backend.default_boolean_dtype if dtype is None else backend.as_dtype(dtype)
         if not backend.dtype_is_boolean(dt):
             raise TypeError(f"BinarySpace dtype must be boolean, got {dtype!r}")
@@ -44,6 +45,8 @@ class BinarySpace(Space[Any, Any, Any, Any]):
 
     def contains(self, x: Any) -> bool:
         b = self._backend
+        if isinstance(x, np.generic) and b.simplified_name == "numpy":
+            x = np.asarray(x)
         return bool(b.is_backendarray(x) and tuple(x.shape) == self.shape and x.dtype == self._dtype)
 
     def sample(self, rng: Any) -> Tuple[Any, Any]:

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, resolve_backend_device
+from ..space import Space, check_backend, resolve_backend_device
 
 
 def _bounds_to_numpy(backend: Any, value: Any) -> np.ndarray:
@@ -16,6 +16,49 @@ def _bounds_to_numpy(backend: Any, value: Any) -> np.ndarray:
         from unienv_interface.backends import get_backend_from_tensor
         return np.asarray(get_backend_from_tensor(value).to_numpy(value))
     return np.asarray(value)
+
+
+def _bounds_array(b: np.ndarray, which: str) -> np.ndarray:
+    """Bounds as an exact integer array when given as integers, else as float64; NaN is refused."""
+    if b.dtype.kind in "iub":
+        return b.astype(np.int64) if b.dtype.kind == "b" else b
+    if b.dtype == object:
+        try:
+            return np.array(b.tolist(), dtype=np.int64)
+        except (OverflowError, TypeError, ValueError):
+            pass
+    try:
+        f = b.astype(np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"BoxSpace {which} bounds must be numbers, got {b.dtype}") from None
+    if np.isnan(f).any():
+        raise ValueError("BoxSpace bounds must not be NaN")
+    return f
+
+
+def _int_bounds(b: np.ndarray, np_dt: np.dtype, which: str) -> np.ndarray:
+    """Integer bounds of dtype `np_dt`, exactly: +-inf become the dtype limits; fractions and overflow are refused."""
+    info = np.iinfo(np_dt)
+    if b.dtype.kind in "iu":
+        if b.size and (int(b.min()) < info.min or int(b.max()) > info.max):
+            raise ValueError(f"BoxSpace {which} bounds exceed the range of {np_dt} [{info.min}, {info.max}]")
+        return b.astype(np_dt)
+    if which == "low" and np.isposinf(b).any() or which == "high" and np.isneginf(b).any():
+        raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be finite: low=+inf or high=-inf")
+    finite = np.isfinite(b)
+    vals = b[finite]
+    if (np.floor(vals) != vals).any():
+        raise ValueError(f"integer BoxSpace ({np_dt}) {which} bounds must be whole numbers")
+    if (vals < float(info.min)).any() or (vals > float(info.max)).any():
+        raise ValueError(f"BoxSpace {which} bounds exceed the range of {np_dt} [{info.min}, {info.max}]")
+    out = np.empty(b.shape, dtype=np_dt)
+    out[~finite & (b < 0)] = info.min
+    out[~finite & (b > 0)] = info.max
+    top = finite & (b >= float(info.max))        # float(info.max) rounds up for 64-bit types
+    out[top] = info.max
+    rest = finite & ~top
+    out[rest] = b[rest].astype(np_dt)
+    return out
 
 
 class BoxSpace(Space[Any, Any, Any, Any]):
@@ -28,6 +71,7 @@ class BoxSpace(Space[Any, Any, Any, Any]):
 
     def __init__(self, backend: Any, low: Any, high: Any, dtype: Any, device: Any = None,
                  shape: Optional[Sequence[int]] = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        check_backend(backend)
         if dtype is None:
             raise TypeError("BoxSpace needs a dtype (a real floating or integer dtype)")
         dt = backend.as_dtype(dtype)
@@ -36,8 +80,8 @@ class BoxSpace(Space[Any, Any, Any, Any]):
                             "(use BinarySpace for booleans)")
         np_dt = backend.numpy_dtype(dt)
         is_bf16 = backend.dtype_name(dt) == "bfloat16"
-        lo = _bounds_to_numpy(backend, low).astype(np.float64 if np_dt.kind == "f" or is_bf16 else np.float64)
-        hi = _bounds_to_numpy(backend, high).astype(np.float64)
+        lo = _bounds_array(_bounds_to_numpy(backend, low), "low")
+        hi = _bounds_array(_bounds_to_numpy(backend, high), "high")
         if shape is None:
             try:
                 shp = np.broadcast_shapes(lo.shape, hi.shape)
@@ -52,33 +96,13 @@ class BoxSpace(Space[Any, Any, Any, Any]):
             hi_full = np.broadcast_to(hi, shp)
         except ValueError:
             raise ValueError(f"BoxSpace bounds of shapes {lo.shape} / {hi.shape} do not broadcast to shape {shp}") from None
-        if np.isnan(lo_full).any() or np.isnan(hi_full).any():
-            raise ValueError("BoxSpace bounds must not be NaN")
         if np_dt.kind in "iu" and not is_bf16:
-            info = np.iinfo(np_dt)
-            if np.isposinf(lo_full).any() or np.isneginf(hi_full).any():
-                raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be finite: low=+inf or high=-inf")
-            lo_full = np.where(np.isneginf(lo_full), info.min, lo_full)
-            hi_full = np.where(np.isposinf(hi_full), info.max, hi_full)
-            if (lo_full < info.min).any() or (hi_full > info.max).any():
-                raise ValueError(f"BoxSpace bounds [{lo_full.min()}, {hi_full.max()}] exceed the range of {np_dt} "
-                                 f"[{info.min}, {info.max}]")
-            if (np.floor(lo_full) != lo_full).any() or (np.floor(hi_full) != hi_full).any():
-                raise ValueError(f"integer BoxSpace ({np_dt}) bounds must be whole numbers")
-            with np.errstate(invalid="ignore"):
-                low_np = lo_full.astype(np_dt)
-                high_np = hi_full.astype(np_dt)
-            # exact for int64 extremes too: cast the Python values, not the float64 approximation
-            if np_dt.itemsize == 8:
-                low_np = np.where(np.isneginf(np.broadcast_to(lo, shp)), info.min, low_np).astype(np_dt)
-                high_np = np.where(np.isposinf(np.broadcast_to(hi, shp)), info.max, high_np).astype(np_dt)
+            low_np = _int_bounds(lo_full, np_dt, "low")
+            high_np = _int_bounds(hi_full, np_dt, "high")
         else:
-            if is_bf16:
-                low_np = np.array(lo_full, dtype=np.float32, order="C")
-                high_np = np.array(hi_full, dtype=np.float32, order="C")
-            else:
-                low_np = lo_full.astype(np_dt)
-                high_np = hi_full.astype(np_dt)
+            with np.errstate(over="ignore"):
+                low_np = np.array(lo_full, dtype=np.float32 if is_bf16 else np_dt, order="C")
+                high_np = np.array(hi_full, dtype=np.float32 if is_bf16 else np_dt, order="C")
         if (low_np > high_np).any():
             raise ValueError(f"BoxSpace needs low <= high everywhere; got low={lo.tolist()} high={hi.tolist()}")
         super().__init__(backend, shape=shp, device=device, dtype=dt, metadata=metadata)
@@ -143,6 +167,8 @@ class BoxSpace(Space[Any, Any, Any, Any]):
 
     def contains(self, x: Any) -> bool:
         b = self._backend
+        if isinstance(x, np.generic) and b.simplified_name == "numpy":
+            x = np.asarray(x)
         if not b.is_backendarray(x) or tuple(x.shape) != self.shape or x.dtype != self._dtype:
             return False
         a = b.to_numpy(x)

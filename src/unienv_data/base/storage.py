@@ -266,6 +266,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
 
+    def forget_segments(self, start: int, length: int) -> None:
+        """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the
+        capacity): used by owners (e.g. a replay buffer) about to overwrite those rows with `set`."""
+        log = self._segment_log()
+        if log is not None:
+            log.drop_overlapping(int(start), int(length))
+            self._seg_clear_rows = 0
+
     def _record_segment(self, start: int, length: int) -> None:
         log = self._segment_log()
         if log is not None:

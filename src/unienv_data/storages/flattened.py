@@ -256,6 +256,10 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self._check_open()
         self.inner_storage.clear()
 
+    def forget_segments(self, start: int, length: int) -> None:
+        self._check_open()
+        self.inner_storage.forget_segments(start, length)
+
     # ------------------------------------------------------------------ data
     def _rows_numpy(self, index: Any) -> np.ndarray:
         if self._fast:

@@ -1,0 +1,540 @@
+"""`ReplayBuffer`: a ring buffer of samples over any `SpaceStorage`, with episode (segment) bookkeeping.
+
+Logical index `i` (0 = oldest) lives at physical row `(offset + i) % capacity`. A full ring overwrites its oldest
+rows; segments that lose a row are dropped from `get_segments()`, which reports logical half-open `(start, end)`
+ranges that stay right after the ring wraps.
+
+Multiprocessing (`multiprocessing=True`): count, offset and the segment table live in shared memory under one
+inter-process lock, and travel with the buffer when it is passed to a `multiprocessing.Process` (fork or spawn).
+Each process appends into its own private episode buffer; `mark_segment_end()` (or `commit_segment(writer)`)
+reserves the rows at the tail and writes the whole episode under the lock, so concurrent writers never lose rows
+and every episode stays contiguous. Readers see a row once the commit that wrote it has returned.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
+
+import numpy as np
+
+from unienv_data.base.common import BatchBase
+from unienv_data.base.errors import StorageFormatError, StorageStateError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+                                    confined_path, read_json, require_fields)
+from unienv_data.base.indexing import NormalizedIndex, normalize_index
+from unienv_data.base.registry import resolve_storage_class, storage_type_name
+from unienv_data.base.segment_writer import SegmentWriter
+from unienv_data.base.segments import SegmentLog
+from unienv_data.base.storage import SpaceStorage
+from unienv_interface.space import Space
+from unienv_interface.space.space_utils import batch_utils
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+
+from ._shared_state import LocalState, SharedState
+
+METADATA_FILE = "metadata.json"
+
+
+def _int_field(meta: Dict[str, Any], name: str, where: str, minimum: int = 0) -> int:
+    v = meta.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise StorageFormatError(f"{where}: {name!r} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
+    """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
+
+    def __init__(self, storage: SpaceStorage, storage_path_relative: str, count: int = 0, offset: int = 0,
+                 cache_path: Optional[PathLike] = None, multiprocessing: bool = False, *,
+                 maintain_segment_metadata: bool = False,
+                 physical_segments: Optional[List[Tuple[int, int]]] = None) -> None:
+        if not isinstance(storage, SpaceStorage):
+            raise TypeError(f"storage must be a SpaceStorage, got {type(storage).__name__}")
+        cap = storage.capacity
+        if cap is not None and not 0 <= count <= cap:
+            raise ValueError(f"count {count} is outside [0, capacity {cap}]")
+        if cap is not None and not 0 <= offset < cap:
+            raise ValueError(f"offset {offset} is outside [0, capacity {cap})")
+        if cap is None and (offset != 0 or count > len(storage)):
+            raise ValueError(f"a growable buffer needs offset 0 and count <= len(storage) ({len(storage)}); got "
+                             f"count {count}, offset {offset}")
+        if multiprocessing and not storage.is_multiprocessing_safe:
+            raise ValueError(f"multiprocessing=True needs a storage that processes can share (memory-mapped or "
+                             f"created with multiprocessing=True); {type(storage).__name__} is not")
+        if multiprocessing and cap is None:
+            raise ValueError("multiprocessing=True needs a fixed capacity (a growable storage cannot be resized by "
+                             "several processes)")
+        super().__init__(storage.single_instance_space)
+        self.storage: Optional[SpaceStorage] = storage
+        self.storage_path_relative = storage_path_relative
+        self.cache_path = None if cache_path is None else os.fspath(cache_path)
+        self.multiprocessing = bool(multiprocessing)
+        # segments: the storage's own log when it keeps one (single process); else a log kept by the buffer,
+        # in shared memory for multiprocessing (storage logs are per process)
+        self._own_segments = self.multiprocessing or storage.get_segments() is None
+        segs = None
+        if self._own_segments:
+            segs = list(physical_segments or [])
+            if not segs and storage.get_segments():
+                segs = self._runs_from_storage(storage)
+        elif physical_segments is not None and storage.get_segments() == []:
+            for s, n in physical_segments:
+                storage._record_segment(s, n)
+        if self.multiprocessing:
+            self._state: Union[LocalState, SharedState] = SharedState(count, offset, segs, cap or 1)
+        else:
+            self._state = LocalState(count, offset, segs)
+        self._maintain = bool(maintain_segment_metadata)
+        self._owns_storage = False
+        self._writer: Optional[SegmentWriter] = None      # multiprocessing: this process's open episode
+        self._seg_open = False                            # single process: an append-built segment is open
+        self._seg_start = 0
+        self._seg_len = 0
+
+    @staticmethod
+    def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
+        cap = storage.capacity
+        out = []
+        for s, e in storage.get_segments() or []:
+            n = (e - s) % cap + 1 if cap else e - s + 1
+            out.append((s, n))
+        return out
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, storage_cls: Type[SpaceStorage], single_instance_space: Space, *args: Any,
+               cache_path: Optional[PathLike] = None, capacity: Optional[int] = None, multiprocessing: bool = False,
+               maintain_segment_metadata: bool = False, **kwargs: Any) -> "ReplayBuffer":
+        """A new buffer: `storage_cls.create(space, *args, cache_path=<cache_path>/storage<ext>, capacity=...,
+        multiprocessing=..., **kwargs)`; with `cache_path` the directory is created and metadata written at once."""
+        if not (isinstance(storage_cls, type) and issubclass(storage_cls, SpaceStorage)):
+            raise TypeError(f"storage_cls must be a SpaceStorage class, got {storage_cls!r}")
+        rel = "storage" + (storage_cls.single_file_ext or "")
+        if cache_path is not None:
+            os.makedirs(cache_path, exist_ok=True)
+        storage = storage_cls.create(single_instance_space, *args,
+                                     cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
+                                     capacity=capacity, multiprocessing=multiprocessing, **kwargs)
+        rb = cls(storage, rel, 0, 0, cache_path, multiprocessing, maintain_segment_metadata=maintain_segment_metadata)
+        rb._owns_storage = True
+        if cache_path is not None:
+            rb._write_metadata(cache_path)
+        return rb
+
+    @staticmethod
+    def _read_metadata(path: PathLike) -> Dict[str, Any]:
+        meta_path = os.path.join(os.fspath(path), METADATA_FILE)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
+        meta = read_json(meta_path, "ReplayBuffer metadata")
+        check_format_version(meta, meta_path)
+        require_fields(meta, ("type", "count", "offset", "capacity", "storage_cls", "storage_path_relative",
+                              "single_instance_space"), meta_path)
+        if meta["type"] != "ReplayBuffer":
+            raise StorageFormatError(f"{meta_path}: type is {meta['type']!r}, expected 'ReplayBuffer'")
+        count = _int_field(meta, "count", meta_path)
+        offset = _int_field(meta, "offset", meta_path)
+        cap = meta["capacity"]
+        if cap is not None:
+            cap = _int_field(meta, "capacity", meta_path, 1)
+            if count > cap:
+                raise StorageFormatError(f"{meta_path}: count {count} exceeds capacity {cap}")
+            if offset >= cap:
+                raise StorageFormatError(f"{meta_path}: offset {offset} is outside [0, capacity {cap})")
+        elif offset != 0:
+            raise StorageFormatError(f"{meta_path}: a growable buffer must have offset 0, got {offset}")
+        segs = meta.get("physical_segments")
+        if segs is not None:
+            if not isinstance(segs, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+                    for p in segs):
+                raise StorageFormatError(f"{meta_path}: physical_segments must be a list of [start, end] pairs")
+            limit = cap if cap is not None else count
+            for s, e in segs:
+                if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
+                    raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
+        return meta
+
+    @classmethod
+    def load_from(cls, path: PathLike, *, backend: Any, device: Any = None, read_only: bool = True,
+                  multiprocessing: bool = False, single_instance_space: Optional[Space] = None,
+                  **storage_kwargs: Any) -> "ReplayBuffer":
+        """Opens a buffer written by `dumps` (this library's or the reference's), rebuilding the space on `backend`.
+
+        A given `single_instance_space` must equal the stored one. The stored metadata is validated (count,
+        offset, capacity, segments) and the storage class comes from the registry, never from an import.
+        """
+        meta = cls._read_metadata(path)
+        meta_path = os.path.join(os.fspath(path), METADATA_FILE)
+        try:
+            space = json_to_space(meta["single_instance_space"], backend, device)
+        except ValueError as exc:
+            raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
+        if single_instance_space is not None:
+            if single_instance_space != space:
+                raise ValueError(f"the given space does not match the stored one:\n  given:  {single_instance_space!r}\n"
+                                 f"  stored: {space!r}")
+            space = single_instance_space
+        storage_cls = resolve_storage_class(meta["storage_cls"], meta_path)
+        rel = meta["storage_path_relative"]
+        full = confined_path(path, rel, meta_path)
+        cap = meta["capacity"]
+        storage = storage_cls.load_from(full, space, capacity=cap, read_only=read_only,
+                                        multiprocessing=multiprocessing, **storage_kwargs)
+        if storage.capacity != cap:
+            raise StorageFormatError(f"{meta_path}: capacity {cap} does not match the storage's {storage.capacity}")
+        if cap is None and meta["count"] > len(storage):
+            raise StorageFormatError(f"{meta_path}: count {meta['count']} exceeds the storage length {len(storage)}")
+        runs = None
+        if meta.get("physical_segments") is not None:
+            runs = []
+            for s, e in meta["physical_segments"]:
+                runs.append((s, (e - s) % cap + 1 if cap else e - s + 1))
+        rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
+                 maintain_segment_metadata=bool(meta.get("maintain_segment_metadata", runs is not None)),
+                 physical_segments=runs)
+        rb._owns_storage = True
+        return rb
+
+    # ------------------------------------------------------------------ static helpers
+    @staticmethod
+    def is_loadable_from(path: PathLike) -> bool:
+        """True when `path` holds valid ReplayBuffer metadata."""
+        try:
+            ReplayBuffer._read_metadata(path)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    @staticmethod
+    def get_length_from_path(path: PathLike) -> int:
+        return int(ReplayBuffer._read_metadata(path)["count"])
+
+    @staticmethod
+    def get_capacity_from_path(path: PathLike) -> Optional[int]:
+        return ReplayBuffer._read_metadata(path)["capacity"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def get_space_from_path(path: PathLike, *, backend: Any, device: Any = None) -> Space:
+        return json_to_space(ReplayBuffer._read_metadata(path)["single_instance_space"], backend, device)
+
+    # ------------------------------------------------------------------ properties
+    def _st(self) -> SpaceStorage:
+        if self.storage is None:
+            raise StorageStateError("the ReplayBuffer is closed")
+        return self.storage
+
+    @property
+    def capacity(self) -> Optional[int]:
+        return self._st().capacity
+
+    @property
+    def count(self) -> int:
+        return self._state.count
+
+    @property
+    def offset(self) -> int:
+        return self._state.offset
+
+    def __len__(self) -> int:
+        return self._state.count
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return self.multiprocessing
+
+    @property
+    def is_mutable(self) -> bool:  # type: ignore[override]
+        return self.storage is not None and self.storage.is_mutable
+
+    def index_with_offset(self, index: Any) -> Union[int, slice, np.ndarray]:
+        """Physical storage index of logical `index` (an int, a slice when contiguous, else an int64 array)."""
+        with self._state.locked():
+            count, offset = self._state.count, self._state.offset
+        return self._physical(normalize_index(index, count, "ReplayBuffer"), offset)
+
+    def _physical(self, norm: NormalizedIndex, offset: int) -> Union[int, slice, np.ndarray]:
+        cap = self._st().capacity
+        if norm.single is not None:
+            return norm.single if cap is None else (norm.single + offset) % cap
+        if norm.slc is not None and (cap is None or (norm.slc.step == 1 and offset + norm.slc.stop <= cap)):
+            if cap is None or offset == 0:
+                return norm.slc
+            return slice(norm.slc.start + offset, norm.slc.stop + offset, norm.slc.step)
+        pos = norm.positions()
+        return pos if cap is None or offset == 0 else (pos + offset) % cap
+
+    # ------------------------------------------------------------------ reads and writes by logical index
+    def get_at(self, idx: Any) -> Any:
+        """Sample(s) at logical `idx` (0 = oldest)."""
+        return self._st().get(self.index_with_offset(idx))
+
+    def get_flattened_at(self, idx: Any) -> Any:
+        st = self._st()
+        if hasattr(st, "get_flattened"):
+            return st.get_flattened(self.index_with_offset(idx))  # type: ignore[attr-defined]
+        return super().get_flattened_at(idx)
+
+    def set_at(self, idx: Any, value: Any) -> None:
+        """Overwrites sample(s) at logical `idx` (checked by the storage)."""
+        self._st().set(self.index_with_offset(idx), value)
+
+    def set_flattened_at(self, idx: Any, value: Any) -> None:
+        st = self._st()
+        if not hasattr(st, "set_flattened"):
+            raise NotImplementedError(f"{type(st).__name__} has no set_flattened")
+        st.set_flattened(self.index_with_offset(idx), value)  # type: ignore[attr-defined]
+
+    def get_column(self, nested_keys: Any) -> Any:
+        """A live view of one column, when the storage offers `get_column`."""
+        st = self._st()
+        if not hasattr(st, "get_column"):
+            raise NotImplementedError(f"{type(st).__name__} has no get_column; use a DictStorage")
+        return _ColumnView(self, st.get_column(nested_keys))  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ segments
+    def _log(self) -> SegmentLog:
+        log = SegmentLog(self._st().capacity)
+        log._runs = list(self._state.get_segments() or [])
+        return log
+
+    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """Logical half-open `(start, end)` ranges of the recorded segments, oldest data first; None when neither
+        the buffer nor its storage keeps segments."""
+        st = self._st()
+        with self._state.locked():
+            count, offset = self._state.count, self._state.offset
+            runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
+        if runs is None:
+            return None
+        cap = st.capacity
+        out = []
+        for s, n in runs:
+            start = (s - offset) % cap if cap else s
+            if start + n <= count:
+                out.append((start, start + n))
+        return sorted(out)
+
+    def _advance(self, n: int) -> Tuple[int, int]:
+        """Reserves `n` rows at the tail (under the lock): returns their physical start, updates count/offset."""
+        st = self._st()
+        cap = st.capacity
+        count, offset = self._state.count, self._state.offset
+        if cap is None:
+            if count + n > len(st):
+                st.extend_length(count + n - len(st))
+            self._state.count = count + n
+            return count, n
+        tail = (offset + count) % cap
+        if count + n <= cap:
+            self._state.count = count + n
+        else:
+            self._state.offset = (offset + count + n - cap) % cap
+            self._state.count = cap
+        return tail, n
+
+    def _drop_own_segments(self, start: int, n: int) -> None:
+        if self._own_segments:
+            log = self._log()
+            log.drop_overlapping(start, n)
+            self._state.set_segments(log.runs())
+
+    def _add_own_segment(self, start: int, n: int) -> None:
+        if self._own_segments and n > 0:
+            log = self._log()
+            log.add(start, n)
+            self._state.set_segments(log.runs())
+
+    def extend(self, value: Any) -> None:
+        """Adds a batch at the tail; a full ring overwrites its oldest rows (and drops their segments)."""
+        st = self._st()
+        self._require_no_open_segment("extend")
+        n = batch_utils.batch_size_data(value)
+        if n == 0:
+            return
+        cap = st.capacity
+        with self._state.locked():
+            if cap is not None and n >= cap:
+                tail_values = batch_utils.get_at(batch_utils.batch_space(self.single_space, n), value,
+                                                 slice(n - cap, n))
+                st.forget_segments(0, cap)
+                self._drop_own_segments(0, cap)
+                st.set(slice(0, cap), tail_values)
+                self._state.count, self._state.offset = cap, 0
+                return
+            old = (self._state.count, self._state.offset)
+            start, _ = self._advance(n)
+            try:
+                idx = slice(start, start + n) if cap is None or start + n <= cap else (np.arange(n) + start) % cap
+                st.forget_segments(start, n)
+                self._drop_own_segments(start, n)
+                st.set(idx, value)
+            except BaseException:
+                self._state.count, self._state.offset = old
+                raise
+
+    def append(self, value: Any) -> None:
+        """Adds one sample to the current episode (opened at the tail on the first append).
+
+        Single process: the row is written at once and counts in `len()`. Multiprocessing: the episode is kept
+        by this process and written as a whole by `mark_segment_end()`."""
+        st = self._st()
+        if self.multiprocessing:
+            if self._writer is None:
+                self._writer = st.open_segment_writer()
+            self._writer.append(value)
+            return
+        cap = st.capacity
+        with self._state.locked():
+            if not self._seg_open:
+                tail = (self._state.offset + self._state.count) % cap if cap else self._state.count
+                st.mark_segment_start(tail)
+                self._seg_open, self._seg_start, self._seg_len = True, tail, 0
+            if cap is not None and self._seg_len >= cap:
+                raise ValueError(f"the open episode already holds {self._seg_len} rows = the capacity {cap}; "
+                                 "call mark_segment_end() before appending more")
+            st.append(value)
+            pos = (self._seg_start + self._seg_len) % cap if cap else self._seg_start + self._seg_len
+            if self._own_segments and self._state.count == cap:
+                self._drop_own_segments(pos, 1)
+            self._seg_len += 1
+            self._advance(1)
+
+    def mark_segment_end(self) -> None:
+        """Ends the current episode and records it (writes it, for a multiprocessing buffer)."""
+        st = self._st()
+        if self.multiprocessing:
+            w, self._writer = self._writer, None
+            if w is not None and len(w):
+                self._commit(w)
+            return
+        if not self._seg_open:
+            return
+        with self._state.locked():
+            st.mark_segment_end()
+            self._add_own_segment(self._seg_start, self._seg_len)
+            self._seg_open = False
+
+    def abort_segment(self) -> None:
+        """Forgets the current episode (single process: its rows stay in the buffer but belong to no segment)."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        if self._seg_open:
+            self._st().abort_segment()
+            self._seg_open = False
+
+    def _require_no_open_segment(self, what: str) -> None:
+        if self._seg_open:
+            raise StorageStateError(f"Cannot {what} while an append-built episode is open; call mark_segment_end() "
+                                    "(or abort_segment()) first")
+
+    def open_segment_writer(self) -> SegmentWriter:
+        """A writer for one episode; place it with `commit_segment(writer)` (any number, committed in any order)."""
+        return self._st().open_segment_writer()
+
+    def commit_segment(self, writer: SegmentWriter) -> None:
+        """Writes a finished episode at the tail (placement is decided now, under the lock) and records it."""
+        if getattr(writer, "storage", None) is not self._st():
+            raise ValueError("the writer was not opened on this buffer's storage (use buffer.open_segment_writer())")
+        self._require_no_open_segment("commit a segment")
+        self._commit(writer)
+
+    def _commit(self, writer: SegmentWriter) -> None:
+        st = self._st()
+        n = len(writer)
+        cap = st.capacity
+        if cap is not None and n > cap:
+            raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}")
+        with self._state.locked():
+            old = (self._state.count, self._state.offset)
+            start, _ = self._advance(n)
+            try:
+                self._drop_own_segments(start, n)
+                writer.commit(start)
+            except BaseException:
+                self._state.count, self._state.offset = old
+                raise
+            self._add_own_segment(start, n)
+
+    # ------------------------------------------------------------------ lifecycle
+    def clear(self) -> None:
+        """Empties the buffer (and its storage)."""
+        st = self._st()
+        with self._state.locked():
+            self.abort_segment()
+            st.clear()
+            self._state.count, self._state.offset = 0, 0
+            if self._own_segments:
+                self._state.set_segments([])
+
+    def _metadata(self) -> Dict[str, Any]:
+        st = self._st()
+        cap = st.capacity
+        with self._state.locked():
+            count, offset = self._state.count, self._state.offset
+            runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
+        segs = None if runs is None else [[s, (s + n - 1) % cap if cap else s + n - 1] for s, n in runs]
+        return {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
+                "capacity": cap, "storage_cls": storage_type_name(type(st)),
+                "storage_path_relative": self.storage_path_relative,
+                "single_instance_space": space_to_json(self.single_space), "physical_segments": segs,
+                "maintain_segment_metadata": self._maintain}
+
+    def _write_metadata(self, path: PathLike) -> None:
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+
+    def dumps(self, path: Optional[PathLike] = None) -> None:
+        """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically); an open
+        append-built episode's rows are included but it is not recorded as a segment until it ends."""
+        path = self.cache_path if path is None else path
+        if path is None:
+            raise ValueError("dumps() needs a path for a buffer without cache_path")
+        os.makedirs(path, exist_ok=True)
+        self._st().dumps(os.path.join(os.fspath(path), self.storage_path_relative))
+        self._write_metadata(path)
+
+    def close(self) -> None:
+        """Releases the buffer; closes the storage when the buffer created or loaded it. Idempotent."""
+        st, self.storage = self.storage, None
+        if st is not None and self._owns_storage:
+            if self.cache_path is not None and st.is_mutable and not st.is_closed:
+                try:
+                    self._write_metadata_for(st)
+                except OSError:
+                    pass
+            st.close()
+
+    def _write_metadata_for(self, st: SpaceStorage) -> None:
+        self.storage = st
+        try:
+            self._write_metadata(self.cache_path)  # type: ignore[arg-type]
+        finally:
+            self.storage = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if not self.multiprocessing:
+            return dict(self.__dict__)
+        state = dict(self.__dict__)
+        state["_writer"] = None
+        state["_owns_storage"] = False
+        return state
+
+
+class _ColumnView(BatchBase[Any, Any, Any, Any, Any]):
+    """One column of a buffer, indexed logically (shares the buffer's counters)."""
+
+    def __init__(self, buffer: ReplayBuffer, column_storage: SpaceStorage) -> None:
+        super().__init__(column_storage.single_instance_space)
+        self._buffer = buffer
+        self._column = column_storage
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def get_at(self, idx: Any) -> Any:
+        return self._column.get(self._buffer.index_with_offset(idx))
+
+    def set_at(self, idx: Any, value: Any) -> None:
+        self._column.set(self._buffer.index_with_offset(idx), value)

@@ -16,6 +16,15 @@ _BUILTIN: Dict[str, Tuple[str, str]] = {
     "unienv_data.storages.common.FlattenedStorage": ("unienv_data.storages.flattened", "FlattenedStorage"),
     "unienv_data.storages.pytorch.PytorchTensorStorage": ("unienv_data.storages.pytorch", "PytorchTensorStorage"),
     "unienv_data.storages.numpy_memmap.NumpyMemmapStorage": ("unienv_data.storages.numpy_memmap", "NumpyMemmapStorage"),
+    "unienv_data.storages.dict_storage.DictStorage": ("unienv_data.storages.dict_storage", "DictStorage"),
+    "unienv_data.storages.video_storage.VideoStorage": ("unienv_data.storages.video_storage", "VideoStorage"),
+    "unienv_data.storages.image_storage.ImageStorage": ("unienv_data.storages.image_storage", "ImageStorage"),
+    "unienv_data.storages.transformation.TransformedStorage": ("unienv_data.storages.transformation", "TransformedStorage"),
+    "unienv_data.storages.backend_compat.ToBackendOrDeviceStorage": ("unienv_data.storages.backend_compat",
+                                                                     "ToBackendOrDeviceStorage"),
+    "unienv_data.storages.hdf5.HDF5Storage": ("unienv_data.storages.hdf5", "HDF5Storage"),
+    "unienv_data.storages.npz_storage.NPZStorage": ("unienv_data.storages.npz_storage", "NPZStorage"),
+    "unienv_data.storages.parquet.ParquetStorage": ("unienv_data.storages.parquet", "ParquetStorage"),
 }
 _REGISTERED: Dict[str, Type[Any]] = {}
 

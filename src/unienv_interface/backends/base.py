@@ -73,6 +73,31 @@ class _AtSetter:
         return self._x
 
 
+class _NamespaceInfo:
+    """`B.__array_namespace_info__()`: the Array-API inspection object, with every dtype the backend has."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def dtypes(self, *, device: Any = None, kind: Any = None) -> Dict[str, Any]:
+        names = self._backend.dtype_names()
+        if kind is None:
+            return names
+        b = self._backend
+        pick = {"bool": b.dtype_is_boolean, "integral": b.dtype_is_real_integer, "real floating": b.dtype_is_real_floating}
+        test = pick.get(kind)
+        return names if test is None else {n: d for n, d in names.items() if test(d)}
+
+    def default_dtypes(self, *, device: Any = None) -> Dict[str, Any]:
+        b = self._backend
+        return {"real floating": b.default_floating_dtype, "integral": b.default_integer_dtype,
+                "indexing": b.default_index_dtype}
+
+    def devices(self) -> list:
+        xp = self._backend._xp
+        return list(xp.__array_namespace_info__().devices()) if xp is not None else []
+
+
 class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], metaclass=_BackendMeta):
     """Base of every backend namespace. Subclasses set `_xp` and implement the library-specific members."""
 
@@ -86,6 +111,10 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     inf: float = float("inf")
     nan: float = float("nan")
     random: Any = None
+
+    @classmethod
+    def __array_namespace_info__(cls) -> _NamespaceInfo:
+        return _NamespaceInfo(cls)
 
     # ----------------------------------------------------------------- arrays
     @classmethod

@@ -110,21 +110,23 @@ class BoxSpace(Space[Any, Any, Any, Any]):
         self._high_np = np.array(high_np, order="C")
         self._low_np.flags.writeable = False
         self._high_np.flags.writeable = False
-        self._low: Any = None
-        self._high: Any = None
 
     # bounds as backend arrays, built on first use
     @property
     def low(self) -> Any:
-        if self._low is None:
-            self._low = self._backend.from_numpy(self._low_np.copy(), dtype=self._dtype, device=self._device)
-        return self._low
+        """The lower bounds as a backend array of the full shape (a fresh copy: the space stays immutable)."""
+        return self._bound_array(self._low_np)
 
     @property
     def high(self) -> Any:
-        if self._high is None:
-            self._high = self._backend.from_numpy(self._high_np.copy(), dtype=self._dtype, device=self._device)
-        return self._high
+        """The upper bounds as a backend array of the full shape (a fresh copy)."""
+        return self._bound_array(self._high_np)
+
+    def _bound_array(self, a: np.ndarray) -> Any:
+        b = self._backend
+        if b.dtype_name(self._dtype) == "bfloat16":
+            return b.from_numpy(a.copy(), device=self._device).to(self._dtype)
+        return b.from_numpy(a.copy(), dtype=self._dtype, device=self._device)
 
     @property
     def low_numpy(self) -> np.ndarray:

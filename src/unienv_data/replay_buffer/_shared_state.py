@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 _COUNT, _OFFSET, _NSEG, _HEADER = 0, 1, 2, 3
+_NO_LOCK = contextlib.nullcontext()
 
 
 class LocalState:
@@ -23,9 +24,9 @@ class LocalState:
         self.offset = offset
         self._segments = None if segments is None else list(segments)
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        yield
+    def locked(self) -> Any:
+        """A no-op context (a single process needs no lock)."""
+        return _NO_LOCK
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         return None if self._segments is None else list(self._segments)
@@ -49,10 +50,9 @@ class SharedState:
         self._keeps_segments = segments is not None
         self.set_segments(segments or [])
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        with self._lock:
-            yield
+    def locked(self) -> Any:
+        """The inter-process lock (re-entrant), used as a context manager."""
+        return self._lock
 
     @property
     def count(self) -> int:

@@ -96,24 +96,26 @@ class FlatRowPlan:
         return out
 
     # ---------------------------------------------------------------- packing
-    def check_single(self, value: Any) -> Optional[List[np.ndarray]]:
-        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`)."""
+    def _fast_dict(self, value: Any) -> bool:
+        """True when `value` takes the flat-dict fast path (its key set is checked here)."""
         if not self.is_flat_dict or self._has_text:
-            return None
+            return False
         if not isinstance(value, Mapping):
             raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
         if value.keys() != self._keys:
             self._key_error(value, ())
+        return True
+
+    def check_single(self, value: Any) -> Optional[List[np.ndarray]]:
+        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`)."""
+        if not self._fast_dict(value):
+            return None
         return [lf.conv.convert_single(value[lf.key]) for lf in self.leaves]  # type: ignore[union-attr]
 
     def check_batch(self, value: Any, lead: Tuple[int, ...]) -> Optional[List[np.ndarray]]:
         """Checked leaf arrays (shape `lead + leaf shape`) of a batch of a flat dict space (None otherwise)."""
-        if not self.is_flat_dict or self._has_text:
+        if not self._fast_dict(value):
             return None
-        if not isinstance(value, Mapping):
-            raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
-        if value.keys() != self._keys:
-            self._key_error(value, ())
         arrs = [lf.conv.convert(value[lf.key], lead) for lf in self.leaves]  # type: ignore[union-attr]
         self.check_row_casts(arrs)
         return arrs

@@ -110,6 +110,14 @@ def check_backend(backend: Any) -> None:
         raise TypeError(f"backend must be a ComputeBackend class (e.g. NumpyComputeBackend), got {backend!r}")
 
 
+def array_data_to(space: Space, data: Any, backend: Any, device: Any) -> Any:
+    """`data` (an array of `space`'s backend) moved to `backend` / `device` (shared by the array spaces)."""
+    tb, td = resolve_backend_device(space, backend, device)
+    if tb is space.backend:
+        return tb.to_device(data, td) if td is not None else data
+    return tb.from_other_backend(space.backend, data, device=td)
+
+
 def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any, Any]:
     """The `(backend, device)` a `to(backend, device)` call targets (None keeps the space's own)."""
     target_backend = space.backend if backend is None else backend

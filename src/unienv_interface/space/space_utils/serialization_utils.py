@@ -68,9 +68,9 @@ def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Sp
     try:
         if kind == "BoxSpace":
             dtype = backend.dtype_from_name(str(_field(js, "dtype", kind)).replace("torch.", ""))
-            return BoxSpace(backend, np.asarray(_field(js, "low", kind), dtype=np.float64) if not backend.dtype_is_real_integer(dtype) else np.asarray(js["low"]),
-                            np.asarray(_field(js, "high", kind), dtype=np.float64) if not backend.dtype_is_real_integer(dtype) else np.asarray(js["high"]),
-                            dtype, device, tuple(_field(js, "shape", kind)), meta)
+            # bounds go to BoxSpace as parsed (ints stay exact Python ints, Infinity becomes float inf)
+            return BoxSpace(backend, _field(js, "low", kind), _field(js, "high", kind), dtype, device,
+                            tuple(_field(js, "shape", kind)), meta)
         if kind == "BinarySpace":
             return BinarySpace(backend, tuple(_field(js, "shape", kind)), backend.default_boolean_dtype, device, meta)
         if kind == "DictSpace":

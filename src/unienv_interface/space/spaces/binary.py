@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, check_backend, resolve_backend_device
+from ..space import Space, array_data_to, check_backend, resolve_backend_device
 
 
 class BinarySpace(Space[Any, Any, Any, Any]):
@@ -58,10 +58,7 @@ class BinarySpace(Space[Any, Any, Any, Any]):
         return self._backend.from_numpy(np.zeros(self.shape, dtype=bool), dtype=self._dtype, device=self._device)
 
     def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend:
-            return tb.to_device(data, td) if td is not None else data
-        return tb.from_other_backend(self._backend, data, device=td)
+        return array_data_to(self, data, backend, device)
 
     def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
                  include_dtype: bool = True) -> str:

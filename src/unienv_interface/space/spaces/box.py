@@ -6,10 +6,33 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, check_backend, resolve_backend_device
+from ..space import Space, array_data_to, check_backend, resolve_backend_device
+
+
+def _int_list_to_numpy(value: Any) -> Optional[np.ndarray]:
+    """A (nested) list of Python ints as an exact int64 / uint64 array (NumPy would pick float64 for a mix
+    of negative values and values above 2**63); None when it is not all ints."""
+    try:
+        obj = np.array(value, dtype=object)
+    except ValueError:
+        return None
+    flat = obj.reshape(-1)
+    if not flat.size or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in flat):
+        return None
+    ints = [int(v) for v in flat]
+    lo, hi = min(ints), max(ints)
+    if lo >= -(2 ** 63) and hi < 2 ** 63:
+        return np.array(ints, dtype=np.int64).reshape(obj.shape)
+    if lo >= 0 and hi < 2 ** 64:
+        return np.array(ints, dtype=np.uint64).reshape(obj.shape)
+    return None
 
 
 def _bounds_to_numpy(backend: Any, value: Any) -> np.ndarray:
+    if isinstance(value, (list, tuple)):
+        exact = _int_list_to_numpy(value)
+        if exact is not None:
+            return exact
     if backend.is_backendarray(value):
         return np.asarray(backend.to_numpy(value))
     if type(value).__module__.split(".")[0] in ("torch", "jax", "jaxlib"):
@@ -193,9 +216,13 @@ class BoxSpace(Space[Any, Any, Any, Any]):
         lo = self._low_np.astype(np.float64)
         hi = self._high_np.astype(np.float64)
         if self._low_np.dtype.kind in "iu":
-            span = hi - lo + 1.0
-            out = np.minimum(np.floor(lo + u * span), hi)
-            return rng, b.from_numpy(out.astype(self._low_np.dtype), dtype=self._dtype, device=self._device)
+            if self._low_np.size == 0 or (np.abs(lo).max() < 2 ** 52 and np.abs(hi).max() < 2 ** 52):
+                out_i = np.minimum(np.floor(lo + u * (hi - lo + 1.0)), hi).astype(self._low_np.dtype)
+            else:  # beyond float precision: offsets in float, bounds and sums as exact Python ints
+                vals = [min(lv + int(np.floor(r * float(hv - lv + 1))), hv) for lv, hv, r in
+                        zip(self._low_np.reshape(-1).tolist(), self._high_np.reshape(-1).tolist(), u.reshape(-1).tolist())]
+                out_i = np.array(vals, dtype=self._low_np.dtype).reshape(self.shape)
+            return rng, b.from_numpy(out_i, dtype=self._dtype, device=self._device)
         expo = -np.log1p(-np.minimum(u, 1 - 1e-12))
         fl, fh = np.isfinite(lo), np.isfinite(hi)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -209,10 +236,7 @@ class BoxSpace(Space[Any, Any, Any, Any]):
                                         device=self._device)
 
     def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend:
-            return tb.to_device(data, td) if td is not None else data
-        return tb.from_other_backend(self._backend, data, device=td)
+        return array_data_to(self, data, backend, device)
 
     def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
                  include_dtype: bool = True) -> str:

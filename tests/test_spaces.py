@@ -162,6 +162,29 @@ class TestBoxConstruction:
             assert int(u.with_metadata(a=1).high_numpy[0]) == np.iinfo(np.dtype(name)).max
 
     @pytest.mark.parametrize("B", BACKENDS)
+    def test_uint64_bounds_from_python_lists_are_exact(self, B: Any) -> None:
+        try:
+            d = dt(B, "uint64")
+        except ValueError:
+            pytest.skip("no uint64")
+        s = BoxSpace(B, 0, [0, 2 ** 63 + 1], d)
+        assert int(s.high_numpy[1]) == 2 ** 63 + 1
+        back = json_round_trip(s, B)
+        assert int(back.high_numpy[1]) == 2 ** 63 + 1
+
+    @pytest.mark.parametrize("B", BACKENDS)
+    def test_int64_samples_stay_inside_bounds_beyond_2_53(self, B: Any) -> None:
+        v = 2 ** 53 + 1
+        s = BoxSpace(B, v, v, dt(B, "int64"), shape=(3,))
+        rng = B.random.random_number_generator(0)
+        rng, x = s.sample(rng)
+        assert (as_np(B, x) == v).all() and s.contains(x)
+        wide = BoxSpace(B, -np.inf, np.inf, dt(B, "int64"), shape=(50,))
+        for _ in range(5):
+            rng, x = wide.sample(rng)
+            assert wide.contains(x)
+
+    @pytest.mark.parametrize("B", BACKENDS)
     def test_integer_mixed_infinite_bounds(self, B: Any) -> None:
         s = BoxSpace(B, np.array([-np.inf, 0.0]), np.array([5.0, np.inf]), dt(B, "int16"))
         np.testing.assert_array_equal(as_np(B, s.low), [-32768, 0])
@@ -547,6 +570,22 @@ class TestBatchUtils:
         bt = bu.batch_space(txt, 3)
         assert isinstance(bt, BatchedSpace) and bt.batch_shape == (3,) and bt.single_space == txt
         assert bu.batch_space(bt, 2).batch_shape == (2, 3)
+
+    @pytest.mark.parametrize("B", BACKENDS)
+    def test_single_space_and_batch_size(self, B: Any) -> None:
+        f = dt(B, "float32")
+        sp = DictSpace(B, {"x": BoxSpace(B, np.array([0.0, -1.0]), 1.0, f), "y": BinarySpace(B, ()),
+                           "t": TupleSpace(B, [BoxSpace(B, 0, 3, dt(B, "int16"))])})
+        batched = bu.batch_space(sp, 6)
+        assert bu.batch_size(batched) == 6
+        assert bu.get_single_space(batched) == sp
+        assert list(bu.unbatch_spaces(bu.batch_space(sp, 2))) == [sp, sp]
+        bt = bu.batch_space(TextSpace(B, 2), 3)
+        assert bu.batch_size(bt) == 3 and bu.get_single_space(bt) == TextSpace(B, 2)
+        with pytest.raises(ValueError):
+            bu.batch_size(BoxSpace(B, 0, 1, f))
+        with pytest.raises(ValueError):
+            bu.batch_size_data({})
 
     @pytest.mark.parametrize("B", BACKENDS)
     def test_batch_space_errors(self, B: Any) -> None:
@@ -948,3 +987,106 @@ class TestSerialization:
     def test_unknown_space_is_a_type_error(self) -> None:
         with pytest.raises(TypeError):
             su.space_to_json(_OpaqueSpace(NB))
+
+
+# ================================================================================================ properties
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+_BOX_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint64"]
+
+
+@st.composite
+def box_bounds(draw: Any) -> Any:
+    name = draw(st.sampled_from(_BOX_DTYPES))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, max_side=3))
+    elems = (hnp.from_dtype(np.dtype(name), allow_nan=False, allow_infinity=False)
+             if np.dtype(name).kind == "f" else hnp.from_dtype(np.dtype(name)))
+    a = draw(hnp.arrays(np.dtype(name), shape, elements=elems))
+    b = draw(hnp.arrays(np.dtype(name), shape, elements=elems))
+    return name, np.minimum(a, b), np.maximum(a, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bounds=box_bounds(), use_torch=st.booleans())
+# bounds that float64 cannot hold exactly
+@example(bounds=("uint64", np.array([0, 0], np.uint64), np.array([0, 2 ** 63 + 1], np.uint64)), use_torch=False)
+@example(bounds=("int64", np.array(2 ** 53 + 1, np.int64), np.array(2 ** 53 + 1, np.int64)), use_torch=False)
+@example(bounds=("int64", np.array([-(2 ** 62) - 1], np.int64), np.array([2 ** 62 + 1], np.int64)), use_torch=True)
+def test_box_bounds_survive_json_to_and_batching_exactly(bounds: Any, use_torch: bool) -> None:
+    name, lo, hi = bounds
+    B = TB if (use_torch and TB is not None) else NB
+    sp = BoxSpace(B, lo, hi, B.dtype_from_name(name))
+    assert sp.shape == lo.shape
+    np.testing.assert_array_equal(sp.low_numpy, lo)
+    np.testing.assert_array_equal(sp.high_numpy, hi)
+    assert json_round_trip(sp, B) == sp
+    assert sp.with_metadata(k=1) == sp
+    other = TB if B is NB else NB
+    if other is not None:
+        assert sp.to(other).to(B) == sp
+    single = bu.get_single_space(bu.batch_space(sp, 2))
+    assert single == sp
+    rng, x = sp.sample(B.random.random_number_generator(0))
+    assert sp.contains(x)
+
+
+_LEAF_DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+def _leaf_spec() -> Any:
+    shapes = hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3)
+    return st.tuples(st.just("leaf"), st.sampled_from(_LEAF_DTYPES), shapes)
+
+
+_space_specs = st.recursive(
+    _leaf_spec(),
+    lambda children: st.one_of(
+        st.tuples(st.just("dict"), st.dictionaries(st.text("abcxyz", min_size=1, max_size=3), children, min_size=1,
+                                                   max_size=3)),
+        st.tuples(st.just("tuple"), st.lists(children, min_size=1, max_size=3)),
+    ),
+    max_leaves=5,
+)
+
+
+def _build(B: Any, spec: Any) -> Space:
+    kind = spec[0]
+    if kind == "leaf":
+        _, name, shape = spec
+        if name == "bool":
+            return BinarySpace(B, shape)
+        lo, hi = (0, 100) if name.startswith("u") else (-100, 100)
+        return BoxSpace(B, lo, hi, B.dtype_from_name(name), shape=shape)
+    if kind == "dict":
+        return DictSpace(B, {k: _build(B, v) for k, v in spec[1].items()})
+    return TupleSpace(B, [_build(B, v) for v in spec[1]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=_space_specs, use_torch=st.booleans(), n=st.integers(1, 3), seed=st.integers(0, 2 ** 16))
+def test_flatten_round_trip_on_random_nested_spaces(spec: Any, use_torch: bool, n: int, seed: int) -> None:
+    """Leaves whose values every promoted row dtype holds exactly come back unchanged, single and batched."""
+    B = TB if (use_torch and TB is not None) else NB
+    sp = _build(B, spec)
+    flat_space = fu.flatten_space(sp)
+    assert flat_space.shape == (fu.flat_dim(sp),)
+    assert [lf.offset for lf in fu.flat_leaves(sp)] == sorted(lf.offset for lf in fu.flat_leaves(sp))
+    rng = B.random.random_number_generator(seed)
+    items = []
+    for _ in range(n):
+        rng, x = sp.sample(rng)
+        items.append(x)
+        flat = fu.flatten_data(sp, x)
+        assert flat.dtype == flat_space.dtype and tuple(flat.shape) == flat_space.shape
+        assert flat_space.contains(flat)
+        back = fu.unflatten_data(sp, flat)
+        assert sp.contains(back)
+        assert_data_equal(B, back, x)
+    batched = bu.batch_space(sp, n)
+    data = bu.concatenate(batched, items)
+    rows = fu.flatten_data(batched, data, start_dim=1)
+    assert tuple(rows.shape) == (n, fu.flat_dim(sp))
+    assert_data_equal(B, fu.unflatten_data(batched, rows, start_dim=1), data)
+    assert json_round_trip(sp, B) == sp

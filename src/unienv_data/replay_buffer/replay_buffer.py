@@ -24,7 +24,7 @@ from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json,
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
-from unienv_data.base.segments import SegmentLog
+from unienv_data.base.segments import SegmentLog, ring_positions_overlap
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils
@@ -40,6 +40,31 @@ def _int_field(meta: Dict[str, Any], name: str, where: str, minimum: int = 0) ->
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise StorageFormatError(f"{where}: {name!r} must be an int >= {minimum}, got {v!r}")
     return v
+
+
+def _batch_length(value: Any, path: str = "") -> int:
+    """The common leading size of every leaf of a batch; ValueError naming the key that disagrees."""
+    sizes: Dict[str, int] = {}
+
+    def visit(v: Any, p: str) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                visit(x, f"{p}/{k}" if p else str(k))
+        elif isinstance(v, (tuple, list)) and not hasattr(v, "shape"):
+            for i, x in enumerate(v):
+                visit(x, f"{p}/{i}" if p else str(i))
+        else:
+            shape = getattr(v, "shape", None)
+            if shape is None or len(shape) == 0:
+                raise ValueError(f"batch leaf {p or '<value>'!r} has no leading batch axis (got {type(v).__name__})")
+            sizes[p or "<value>"] = int(shape[0])
+
+    visit(value, path)
+    if not sizes:
+        raise ValueError("empty batch: no leaves")
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"batch leaves disagree on the batch size: {sizes}")
+    return next(iter(sizes.values()))
 
 
 class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
@@ -78,7 +103,9 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             segs = list(physical_segments or [])
             if not segs and storage.get_segments():
                 segs = self._runs_from_storage(storage)
-        elif physical_segments is not None and storage.get_segments() == []:
+        elif physical_segments is not None:
+            # the buffer's metadata is authoritative (a multiprocessing buffer's storage files may hold a stale log)
+            storage.forget_segments(0, cap if cap is not None else max(len(storage), 1))
             for s, n in physical_segments:
                 storage._record_segment(s, n)
         if self.multiprocessing:
@@ -151,9 +178,20 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                     for p in segs):
                 raise StorageFormatError(f"{meta_path}: physical_segments must be a list of [start, end] pairs")
             limit = cap if cap is not None else count
+            runs: List[Tuple[int, int]] = []
             for s, e in segs:
                 if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
                     raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
+                n = (e - s) % cap + 1 if cap is not None else e - s + 1
+                logical = (s - offset) % cap if cap is not None else s
+                if logical + n > count:
+                    raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
+                                             f"(count {count}, offset {offset})")
+                for r in runs:
+                    if ring_positions_overlap(r, (s, n), cap):
+                        raise StorageFormatError(f"{meta_path}: segments {[r[0], (r[0] + r[1] - 1) % (cap or 1 << 62)]} "
+                                                 f"and [{s}, {e}] overlap")
+                runs.append((s, n))
         return meta
 
     @classmethod
@@ -350,7 +388,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Adds a batch at the tail; a full ring overwrites its oldest rows (and drops their segments)."""
         st = self._st()
         self._require_no_open_segment("extend")
-        n = batch_utils.batch_size_data(value)
+        n = _batch_length(value)
         if n == 0:
             return
         cap = st.capacity
@@ -358,18 +396,18 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             if cap is not None and n >= cap:
                 tail_values = batch_utils.get_at(batch_utils.batch_space(self.single_space, n), value,
                                                  slice(n - cap, n))
+                st.set(slice(0, cap), tail_values)       # checks everything before writing anything
                 st.forget_segments(0, cap)
                 self._drop_own_segments(0, cap)
-                st.set(slice(0, cap), tail_values)
                 self._state.count, self._state.offset = cap, 0
                 return
             old = (self._state.count, self._state.offset)
             start, _ = self._advance(n)
             try:
                 idx = slice(start, start + n) if cap is None or start + n <= cap else (np.arange(n) + start) % cap
+                st.set(idx, value)                       # checks everything before writing anything
                 st.forget_segments(start, n)
                 self._drop_own_segments(start, n)
-                st.set(idx, value)
             except BaseException:
                 self._state.count, self._state.offset = old
                 raise
@@ -387,14 +425,22 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             return
         cap = st.capacity
         with self._state.locked():
+            opened = False
             if not self._seg_open:
                 tail = (self._state.offset + self._state.count) % cap if cap else self._state.count
                 st.mark_segment_start(tail)
                 self._seg_open, self._seg_start, self._seg_len = True, tail, 0
+                opened = True
             if cap is not None and self._seg_len >= cap:
                 raise ValueError(f"the open episode already holds {self._seg_len} rows = the capacity {cap}; "
                                  "call mark_segment_end() before appending more")
-            st.append(value)
+            try:
+                st.append(value)
+            except BaseException:
+                if opened:          # a refused first step leaves no empty episode behind
+                    st.abort_segment()
+                    self._seg_open = False
+                raise
             pos = (self._seg_start + self._seg_len) % cap if cap else self._seg_start + self._seg_len
             if self._own_segments and self._state.count == cap:
                 self._drop_own_segments(pos, 1)
@@ -451,11 +497,11 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             old = (self._state.count, self._state.offset)
             start, _ = self._advance(n)
             try:
-                self._drop_own_segments(start, n)
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
                 raise
+            self._drop_own_segments(start, n)
             self._add_own_segment(start, n)
 
     # ------------------------------------------------------------------ lifecycle
@@ -499,7 +545,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Releases the buffer; closes the storage when the buffer created or loaded it. Idempotent."""
         st, self.storage = self.storage, None
         if st is not None and self._owns_storage:
-            if self.cache_path is not None and st.is_mutable and not st.is_closed:
+            if self.cache_path is not None and st.is_mutable and not st.is_closed and st.cache_filename is not None:
                 try:
                     self._write_metadata_for(st)
                 except OSError:

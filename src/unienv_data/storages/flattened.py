@@ -260,6 +260,12 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self._check_open()
         self.inner_storage.forget_segments(start, length)
 
+    def _segment_log(self) -> Any:
+        return self.inner_storage._segment_log()
+
+    def _record_segment(self, start: int, length: int) -> None:
+        self.inner_storage._record_segment(start, length)
+
     # ------------------------------------------------------------------ data
     def _rows_numpy(self, index: Any) -> np.ndarray:
         if self._fast:

@@ -3,6 +3,7 @@
 Importing it needs only NumPy and array-api-compat; storages import their optional libraries when used.
 """
 from .base import *  # noqa: F401,F403
+from .batches import *  # noqa: F401,F403
 from .replay_buffer import *  # noqa: F401,F403
 from .samplers import *  # noqa: F401,F403
 

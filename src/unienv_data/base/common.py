@@ -136,6 +136,16 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         for s in range(0, n, chunk_size):
             self.extend(other.get_at(slice(s, min(n, s + chunk_size))))
 
+    def get_slice(self, idx: Any) -> "BatchBase":
+        """A view of the samples at `idx` (a `SubIndexedBatch`)."""
+        from unienv_data.batches import SubIndexedBatch
+        return SubIndexedBatch(self, idx)
+
+    def get_column(self, nested_keys: Any) -> "BatchBase":
+        """A read-only view of one nested field (a `SubItemBatch`)."""
+        from unienv_data.batches import SubItemBatch
+        return SubItemBatch(self, nested_keys)
+
     def close(self) -> None:
         """Releases resources (default: nothing)."""
 

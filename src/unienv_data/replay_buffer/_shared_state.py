@@ -10,7 +10,7 @@ import contextlib
 import multiprocessing as mp
 from typing import Any, List, Optional, Tuple
 
-_COUNT, _OFFSET, _NSEG, _HEADER = 0, 1, 2, 3
+_COUNT, _OFFSET, _NSEG, _WRITTEN, _VERSION, _HEADER = 0, 1, 2, 3, 4, 5
 _NO_LOCK = contextlib.nullcontext()
 
 
@@ -22,6 +22,8 @@ class LocalState:
     def __init__(self, count: int, offset: int, segments: Optional[List[Tuple[int, int]]]) -> None:
         self.count = count
         self.offset = offset
+        self.total_written = count
+        self.version = 0
         self._segments = None if segments is None else list(segments)
 
     def locked(self) -> Any:
@@ -33,6 +35,7 @@ class LocalState:
 
     def set_segments(self, runs: List[Tuple[int, int]]) -> None:
         self._segments = list(runs)
+        self.version += 1
 
 
 class SharedState:
@@ -47,6 +50,7 @@ class SharedState:
         self._arr = ctx.RawArray("q", _HEADER + 2 * self._max)
         self._arr[_COUNT] = count
         self._arr[_OFFSET] = offset
+        self._arr[_WRITTEN] = count
         self._keeps_segments = segments is not None
         self.set_segments(segments or [])
 
@@ -70,6 +74,22 @@ class SharedState:
     def offset(self, v: int) -> None:
         self._arr[_OFFSET] = v
 
+    @property
+    def total_written(self) -> int:
+        return int(self._arr[_WRITTEN])
+
+    @total_written.setter
+    def total_written(self, v: int) -> None:
+        self._arr[_WRITTEN] = v
+
+    @property
+    def version(self) -> int:
+        return int(self._arr[_VERSION])
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self._arr[_VERSION] = v
+
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         if not self._keeps_segments:
             return None
@@ -83,6 +103,7 @@ class SharedState:
             self._arr[_HEADER + 2 * i] = s
             self._arr[_HEADER + 2 * i + 1] = n
         self._arr[_NSEG] = len(runs)
+        self._arr[_VERSION] += 1
 
     def __getstate__(self) -> Any:
         return {"lock": self._lock, "arr": self._arr, "max": self._max, "keeps": self._keeps_segments}

@@ -283,6 +283,37 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         return self.multiprocessing
 
     @property
+    def total_written(self) -> int:
+        """Rows ever written at the tail (never decreases except on `clear`; shared across processes)."""
+        return self._state.total_written
+
+    @property
+    def segments_version(self) -> int:
+        """Changes whenever the segments, the length or the ring position change (for caches of `get_segments`)."""
+        st = self.storage
+        log = None if st is None or self._own_segments else st._segment_log()
+        return (self._state.version * 1_000_003 + self._state.total_written * 7919 + self._state.count * 31
+                + (0 if log is None else log.version))
+
+    @property
+    def has_open_segment(self) -> bool:
+        """True while an append-built episode is open (in this process)."""
+        return self._seg_open or (self._writer is not None and len(self._writer) > 0)
+
+    @property
+    def open_segment_length(self) -> int:
+        """Rows appended to the open episode (readable at the tail in a single process; kept by this process,
+        not yet in the buffer, for a multiprocessing buffer)."""
+        if self._seg_open:
+            return self._seg_len
+        return 0 if self._writer is None else len(self._writer)
+
+    @property
+    def pending_segment_length(self) -> int:
+        """Rows appended but not readable yet (only a multiprocessing buffer's open episode)."""
+        return 0 if self._writer is None else len(self._writer)
+
+    @property
     def is_mutable(self) -> bool:  # type: ignore[override]
         return self.storage is not None and self.storage.is_mutable
 
@@ -328,7 +359,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """A live view of one column, when the storage offers `get_column`."""
         st = self._st()
         if not hasattr(st, "get_column"):
-            raise NotImplementedError(f"{type(st).__name__} has no get_column; use a DictStorage")
+            return super().get_column(nested_keys)   # a read-only view that selects the field on every read
         return _ColumnView(self, st.get_column(nested_keys))  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ segments
@@ -363,7 +394,11 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             if count + n > len(st):
                 st.extend_length(count + n - len(st))
             self._state.count = count + n
+            self._state.total_written += n
+            self._state.version += 1
             return count, n
+        self._state.total_written += n
+        self._state.version += 1
         tail = (offset + count) % cap
         if count + n <= cap:
             self._state.count = count + n
@@ -400,8 +435,11 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                 st.forget_segments(0, cap)
                 self._drop_own_segments(0, cap)
                 self._state.count, self._state.offset = cap, 0
+                self._state.total_written += n
+                self._state.version += 1
                 return
             old = (self._state.count, self._state.offset)
+            written = self._state.total_written
             start, _ = self._advance(n)
             try:
                 idx = slice(start, start + n) if cap is None or start + n <= cap else (np.arange(n) + start) % cap
@@ -410,6 +448,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                 self._drop_own_segments(start, n)
             except BaseException:
                 self._state.count, self._state.offset = old
+                self._state.total_written = written
                 raise
 
     def append(self, value: Any) -> None:
@@ -495,11 +534,13 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}")
         with self._state.locked():
             old = (self._state.count, self._state.offset)
+            written = self._state.total_written
             start, _ = self._advance(n)
             try:
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
+                self._state.total_written = written
                 raise
             self._drop_own_segments(start, n)
             self._add_own_segment(start, n)
@@ -512,6 +553,8 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             self.abort_segment()
             st.clear()
             self._state.count, self._state.offset = 0, 0
+            self._state.total_written = 0
+            self._state.version += 1
             if self._own_segments:
                 self._state.set_segments([])
 

@@ -1,0 +1,61 @@
+"""`SubItemBatch`: a read-only view of one nested field of another batch's samples."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from unienv_data.base.common import BatchBase
+from unienv_data.base.indexing import is_single_index
+from unienv_interface.space.space_utils import flatten_utils
+
+from . import _tree
+
+
+class SubItemBatch(BatchBase[Any, Any, Any, Any, Any]):
+    """Sample `i` of the view is the field `nested_keys` of sample `i` of `batch`.
+
+    `nested_keys` is a dict key, a tuple position, or a sequence of them (a path: `("obs", "joint_pos")`); a missing
+    key raises KeyError naming the available ones. Reads fetch the samples from `batch` and keep the field; metadata
+    is passed through. Read-only (write the containing batch instead). Never closes `batch`.
+    """
+
+    is_mutable = False
+
+    def __init__(self, batch: BatchBase, nested_keys: Any) -> None:
+        if not isinstance(batch, BatchBase):
+            raise TypeError(f"batch must be a BatchBase, got {type(batch).__name__}")
+        path = _tree.normalize_nested_keys(nested_keys)
+        space = _tree.sub_space(batch.single_space, path)
+        super().__init__(space, batch.single_metadata_space)
+        self.batch = batch
+        self.nested_keys = path
+
+    @property
+    def index_source(self) -> BatchBase:
+        """The batch whose indices this view's indices are."""
+        return self.batch
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def get_at(self, idx: Any) -> Any:
+        return _tree.sub_data(self.batch.get_at(idx), self.nested_keys)
+
+    def get_at_with_metadata(self, idx: Any) -> Tuple[Any, Optional[Any]]:
+        data, meta = self.batch.get_at_with_metadata(idx)
+        return _tree.sub_data(data, self.nested_keys), meta
+
+    def get_flattened_at_with_metadata(self, idx: Any) -> Tuple[Any, Optional[Any]]:
+        data, meta = self.get_at_with_metadata(idx)
+        if is_single_index(idx):
+            return flatten_utils.flatten_data(self.single_space, data), meta
+        return flatten_utils.flatten_data(self._batched_space, data, start_dim=1), meta
+
+    def set_flattened_at(self, idx: Any, value: Any) -> None:
+        raise NotImplementedError("SubItemBatch is read-only; write the containing batch instead")
+
+    def get_segments(self) -> Optional[Any]:
+        fn = getattr(self.batch, "get_segments", None)
+        return None if fn is None else fn()
+
+
+__all__ = ["SubItemBatch"]

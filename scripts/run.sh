@@ -71,8 +71,8 @@ PYEOF
 STAMP="$VENV/.installed-$stamp_hash"
 
 if [[ ! -f "$STAMP" ]]; then
-    echo "run.sh: installing project into .venv (extras: torch,video,dev)" >&2
-    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,video,dev]"
+    echo "run.sh: installing project into .venv (extras: torch,video,hdf5,parquet,dev)" >&2
+    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,video,hdf5,parquet,dev]"
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 fi

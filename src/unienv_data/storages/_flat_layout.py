@@ -66,6 +66,7 @@ class FlatRowPlan:
         self._slots = [(lf.start, lf.stop, lf.shape == (), len(lf.shape) == 1) for lf in self.leaves]
         self._any_row_check = any(lf.row_check for lf in self.leaves)
         self._wrappers = self._make_wrappers()
+        self._specs = self._single_specs()
         self._no_wrappers: List[Any] = [None] * len(self.leaves)
 
     # ---------------------------------------------------------------- description
@@ -106,11 +107,59 @@ class FlatRowPlan:
             self._key_error(value, ())
         return True
 
+    def _single_specs(self) -> List[Tuple[Any, ...]]:
+        """Per leaf of a flat dict: what the one-sample fast path needs, bound once."""
+        specs = []
+        for lf in self.leaves:
+            conv = lf.conv
+            if conv is None:
+                continue
+            mode = 0 if conv.lo is None else (1 if conv.small else 2)
+            specs.append((lf.key, conv.np_dtype, conv.shape, mode, conv.lo_s, conv.hi_s, conv, conv.is_bf16))
+        return specs
+
     def check_single(self, value: Any) -> Optional[List[np.ndarray]]:
-        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`)."""
+        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`).
+
+        Same rules as `LeafConverter.convert`; exact-dtype NumPy arrays and CPU tensors take a short path."""
         if not self._fast_dict(value):
             return None
-        return [lf.conv.convert_single(value[lf.key]) for lf in self.leaves]  # type: ignore[union-attr]
+        out = []
+        ndarray = np.ndarray
+        for key, dt, shp, mode, lo, hi, conv, bf16 in self._specs:
+            v = value[key]
+            if type(v) is ndarray:
+                a = v
+            elif bf16:
+                out.append(conv.convert(v, ()))
+                continue
+            else:
+                try:
+                    a = v.numpy()   # CPU tensors without grad; anything else takes the general path
+                except Exception:
+                    out.append(conv.convert(v, ()))
+                    continue
+                if type(a) is not ndarray:
+                    out.append(conv.convert(v, ()))
+                    continue
+            if a.dtype != dt or a.shape != shp:
+                out.append(conv.convert(v, ()))
+                continue
+            if mode == 1:
+                vals = a.tolist()
+                if type(vals) is list:
+                    if vals and type(vals[0]) is list:
+                        vals = a.reshape(-1).tolist()
+                    if vals:
+                        total = sum(vals)       # NaN anywhere makes the sum NaN (and inf fails the bounds)
+                        if not (min(vals) >= lo and max(vals) <= hi and total == total):
+                            conv.check_bounds(a)
+                elif not lo <= vals <= hi:
+                    conv.check_bounds(a)
+            elif mode == 2:
+                conv.check_bounds(a)
+            out.append(a)
+        return out
 
     def check_batch(self, value: Any, lead: Tuple[int, ...]) -> Optional[List[np.ndarray]]:
         """Checked leaf arrays (shape `lead + leaf shape`) of a batch of a flat dict space (None otherwise)."""

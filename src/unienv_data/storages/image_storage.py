@@ -1,0 +1,512 @@
+"""`ImageStorage`: one image file per row (PNG, JPEG or WebP, through Pillow).
+
+Layout of the storage directory::
+
+    image_metadata.json     format, options, capacity, length, which rows hold a file ("written"), segments
+    <row>.<ext>             the image of one row (ext: png / jpeg / webp)
+
+Differences from the reference, on purpose:
+
+* A row is either unwritten (it reads as zeros, like a fresh array storage) or written; the metadata records which.
+  A written row whose file is missing or damaged raises an error naming the file: it never reads as zeros.
+* PNG is the default (exact). JPEG is always lossy; WebP is lossy unless ``lossless=True``; ``lossless=True`` with
+  JPEG is refused. Lossy reads of a box with narrower bounds than 0..255 are clipped into the bounds.
+* Grayscale (H, W) spaces are supported as well as (H, W, 3).
+* ``dumps(path)`` into another directory works: files are hard-linked (or copied) there, then the metadata written.
+
+Every file is written under a temporary name and renamed into place, so a reader sees the old or the new image,
+never a torn one. Rows written by ``set`` are recorded in the metadata at once; rows appended to an open segment when
+the segment ends (a crash before that loses only the open segment).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, read_json,
+                                    require_fields)
+from unienv_data.base.indexing import normalize_index
+from unienv_data.base.registry import register_storage, storage_type_name
+from unienv_data.base.segments import SegmentLog
+from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.values import LeafConverter
+from unienv_interface.space import BoxSpace, Space
+
+from ._episode_files import (check_capacity, full_range, image_shape, import_optional, io_map, last_occurrences,
+                             mask_to_runs, place_copy, prepare_new_directory, remove_quietly, runs_to_mask, same_file,
+                             temp_file_path)
+
+METADATA_FILE = "image_metadata.json"
+_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
+_FORMAT_ALIASES = {"JPG": "JPEG"}
+
+
+def _pil_image() -> Any:
+    return import_optional("PIL.Image", "video", "ImageStorage")
+
+
+def _check_quality(quality: Any) -> int:
+    if isinstance(quality, (bool, np.bool_)) or not isinstance(quality, (int, np.integer)) or not 0 <= quality <= 100:
+        raise ValueError(f"quality must be an int in [0, 100], got {quality!r}")
+    return int(quality)
+
+
+@register_storage
+class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Rows of a (H, W, 3) or (H, W) uint8 BoxSpace, one image file each (see the module docstring).
+
+    `create(space, *, format="PNG", quality=75, lossless=None, compress_level=1, image_options=None, capacity=None,
+    cache_path (required, new or empty directory), multiprocessing=False)`; `load_from(path, space, *,
+    capacity=None, read_only=True, multiprocessing=False)`. `is_exact` tells whether images read back bit-exactly.
+    Pickling gives a read-only copy (for reader processes); `is_multiprocessing_safe` when opened read-only.
+    """
+
+    single_file_ext: Optional[str] = None
+
+    def __init__(self, single_instance_space: Space, directory: str, fmt: str, save_options: Dict[str, Any],
+                 exact: bool, capacity: Optional[int], length: int, written: np.ndarray, segments: SegmentLog, *,
+                 read_only: bool = False, quality: int = 75) -> None:
+        super().__init__(single_instance_space)
+        self._shape = image_shape(single_instance_space, type(self).__name__)
+        self._frame_shape = tuple(int(d) for d in (single_instance_space.shape or ()))
+        self._dir = directory
+        self._fmt = fmt
+        self._ext = _FORMATS[fmt]
+        self._save_options = dict(save_options)
+        self._exact = exact
+        self._quality = quality
+        self._capacity = capacity
+        self._length = capacity if capacity is not None else length
+        self._written = written
+        self._segments = segments
+        self._read_only = read_only
+        self._conv = LeafConverter(single_instance_space, "image")
+        box: BoxSpace = single_instance_space  # type: ignore[assignment]
+        self._clip = None if (exact or full_range(box)) else (box.low_numpy, box.high_numpy)
+        self._meta_dirty = False
+        self._saved_log_version = segments.version
+        self._Image = _pil_image()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, *args: Any, capacity: Optional[int] = None,
+               cache_path: Optional[PathLike] = None, multiprocessing: bool = False, format: str = "PNG",
+               quality: int = 75, lossless: Optional[bool] = None, compress_level: int = 1,
+               image_options: Optional[Dict[str, Any]] = None, **kwargs: Any) -> "ImageStorage":
+        """A new, empty storage in the directory `cache_path` (created; it must not hold files already)."""
+        name = f"{cls.__name__}.create()"
+        if args:
+            raise TypeError(f"{name} takes no extra positional arguments, got {args!r}")
+        if kwargs:
+            raise TypeError(f"{name} got unexpected keyword argument(s) {sorted(kwargs)}")
+        image_shape(single_instance_space, cls.__name__)
+        cap = check_capacity(capacity)
+        if multiprocessing:
+            raise ValueError("ImageStorage is written by one process: create it with multiprocessing=False and hand "
+                             "read-only copies (load_from(read_only=True) or pickling) to reader processes")
+        fmt = str(format).upper()
+        fmt = _FORMAT_ALIASES.get(fmt, fmt)
+        if fmt not in _FORMATS:
+            raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
+        q = _check_quality(quality)
+        if lossless is not None and not isinstance(lossless, (bool, np.bool_)):
+            raise TypeError(f"lossless must be a bool or None, got {lossless!r}")
+        if isinstance(compress_level, bool) or not isinstance(compress_level, int) or not 0 <= compress_level <= 9:
+            raise ValueError(f"compress_level must be an int in [0, 9], got {compress_level!r}")
+        if image_options is not None and not isinstance(image_options, dict):
+            raise TypeError(f"image_options must be a dict of Pillow save options, got {image_options!r}")
+        if fmt == "JPEG" and lossless:
+            raise ValueError("JPEG is lossy and cannot store images exactly; use format='PNG' or format='WEBP' with "
+                             "lossless=True")
+        if fmt == "PNG":
+            exact, options = True, {"compress_level": compress_level}
+        elif fmt == "JPEG":
+            exact, options = False, {"quality": q}
+        else:
+            exact = bool(lossless)
+            options = {"lossless": exact, "quality": q}
+        options.update(image_options or {})
+        if fmt == "WEBP" and bool(options.get("lossless")) != exact:
+            raise ValueError("pass lossless=True/False, not image_options['lossless']")
+        directory = prepare_new_directory(cache_path, cls.__name__)
+        st = cls(single_instance_space, directory, fmt, options, exact, cap, 0, np.zeros(cap or 0, dtype=bool),
+                 SegmentLog(cap), quality=q)
+        st._write_metadata()
+        return st
+
+    @classmethod
+    def load_from(cls, path: PathLike, single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "ImageStorage":
+        """Opens a storage directory, checking its metadata against the space and `capacity` (when given).
+
+        Directories written by the reference (no format_version) open too: a row counts as written when its file
+        exists."""
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
+        image_shape(single_instance_space, cls.__name__)
+        if multiprocessing and not read_only:
+            raise ValueError("ImageStorage is written by one process: multiprocessing=True needs read_only=True")
+        directory = os.fspath(path)
+        if not os.path.isdir(directory):
+            raise StorageNotFoundError(f"ImageStorage directory not found: {directory}")
+        meta_path = os.path.join(directory, METADATA_FILE)
+        meta = read_json(meta_path, "ImageStorage metadata")
+        version = check_format_version(meta, meta_path)
+        st = cls._from_metadata(directory, meta, meta_path, single_instance_space, read_only, version)
+        cap_arg = check_capacity(capacity)
+        if cap_arg is not None and cap_arg != st._capacity:
+            hint = "omit capacity (the storage is growable)" if st._capacity is None else f"pass capacity={st._capacity} or omit it"
+            raise ValueError(f"{directory} was written with capacity {st._capacity}, not {cap_arg}: {hint}")
+        return st
+
+    @classmethod
+    def _from_metadata(cls, directory: str, meta: Dict[str, Any], where: str, space: Space, read_only: bool,
+                       version: int) -> "ImageStorage":
+        require_fields(meta, ("storage_type", "format", "capacity", "length"), where)
+        if meta["storage_type"] not in (storage_type_name(cls), cls.__name__):
+            raise StorageFormatError(f"{where} describes a {meta['storage_type']!r}, not an ImageStorage")
+        fmt = _FORMAT_ALIASES.get(str(meta["format"]).upper(), str(meta["format"]).upper())
+        if fmt not in _FORMATS:
+            raise StorageFormatError(f"{where}: unknown image format {meta['format']!r}")
+        cap, length = meta["capacity"], meta["length"]
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0):
+            raise StorageFormatError(f"{where}: invalid capacity {cap!r}")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0 or (cap is not None and length != cap):
+            raise StorageFormatError(f"{where}: invalid length {length!r} for capacity {cap!r}")
+        n_rows = cap if cap is not None else length
+        quality = meta.get("quality", 75)
+        if version == 0:
+            ext = _FORMATS[fmt]
+            written = np.array([os.path.isfile(os.path.join(directory, f"{i}.{ext}")) for i in range(n_rows)],
+                               dtype=bool)
+            options: Dict[str, Any] = {"quality": quality} if fmt != "PNG" else {}
+            exact = fmt == "PNG"
+            segments = SegmentLog(cap)
+        else:
+            require_fields(meta, ("shape", "dtype", "written", "segments", "save_options", "lossless"), where)
+            shape = image_shape(space, cls.__name__)
+            want = list(space.shape or ())
+            if meta["shape"] != want or meta["dtype"] != "uint8":
+                raise ValueError(f"{directory} holds {meta['dtype']} images of shape {meta['shape']}, but the space asks "
+                                 f"for uint8 {want}")
+            if not isinstance(meta["save_options"], dict):
+                raise StorageFormatError(f"{where}: 'save_options' must be an object")
+            written = runs_to_mask(meta["written"], n_rows, f"{where} 'written'")
+            options = dict(meta["save_options"])
+            exact = bool(meta["lossless"])
+            segments = SegmentLog.from_json(meta["segments"], cap, length, where)
+        return cls(space, directory, fmt, options, exact, cap, length, written, segments, read_only=read_only,
+                   quality=quality if isinstance(quality, int) else 75)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> Optional[int]:
+        return self._capacity
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def cache_filename(self) -> Optional[str]:
+        return self._dir
+
+    @property
+    def is_mutable(self) -> bool:
+        return not self._read_only
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        """True when opened read-only (several writing processes would race on the metadata)."""
+        return self._read_only
+
+    @property
+    def format(self) -> str:
+        return self._fmt
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether images read back bit-exactly (PNG, lossless WebP)."""
+        return self._exact
+
+    def _segment_log(self) -> Optional[SegmentLog]:
+        return self._segments
+
+    def _path(self, row: int) -> str:
+        return os.path.join(self._dir, f"{row}.{self._ext}")
+
+    # ------------------------------------------------------------------ metadata
+    def _metadata(self) -> Dict[str, Any]:
+        return {"storage_type": storage_type_name(type(self)), "format_version": FORMAT_VERSION, "format": self._fmt,
+                "quality": self._quality, "lossless": self._exact, "save_options": self._save_options,
+                "shape": list(self._frame_shape), "dtype": "uint8", "capacity": self._capacity,
+                "length": self._length, "written": mask_to_runs(self._written), "segments": self._segments.to_json()}
+
+    def _write_metadata(self, target: Optional[str] = None) -> None:
+        atomic_write_json(os.path.join(target or self._dir, METADATA_FILE), self._metadata())
+        if target is None:
+            self._meta_dirty = False
+            self._saved_log_version = self._segments.version
+
+    @property
+    def _dirty(self) -> bool:
+        return self._meta_dirty or self._segments.version != self._saved_log_version
+
+    def flush(self) -> None:
+        """Writes pending metadata (rows appended to a still-open segment are recorded too)."""
+        self._check_open()
+        if not self._read_only and self._dirty:
+            self._write_metadata()
+
+    # ------------------------------------------------------------------ reads
+    def _read_row(self, row: int) -> np.ndarray:
+        path = self._path(row)
+        h, w, c = self._shape
+        try:
+            with self._Image.open(path) as im:
+                im.load()
+                if im.size != (w, h):
+                    raise StorageFormatError(f"image file {path} (row {row}) is {im.size[0]}x{im.size[1]}, expected "
+                                             f"{w}x{h}")
+                mode = im.mode
+                if c == 3 and mode != "RGB":
+                    raise StorageFormatError(f"image file {path} (row {row}) has mode {mode}, expected RGB")
+                if c == 1 and mode not in ("L", "RGB"):
+                    raise StorageFormatError(f"image file {path} (row {row}) has mode {mode}, expected L")
+                arr = np.array(im, dtype=np.uint8)
+        except FileNotFoundError:
+            raise StorageNotFoundError(f"image file {path} for row {row} is missing (the metadata records the row "
+                                       "as written)") from None
+        except StorageFormatError:
+            raise
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise StorageFormatError(f"image file {path} for row {row} is damaged or truncated ({exc})") from None
+        if c == 1 and arr.ndim == 3:
+            arr = np.ascontiguousarray(arr[:, :, 1])  # WebP keeps gray as RGB with equal channels
+        return arr.reshape(self._frame_shape)
+
+    def _zeros(self, n: Optional[int]) -> np.ndarray:
+        return np.zeros(self._frame_shape if n is None else (n,) + self._frame_shape, dtype=np.uint8)
+
+    def get_numpy(self, index: Any) -> np.ndarray:
+        """Images at `index` as a fresh uint8 NumPy array; unwritten rows are zeros."""
+        self._check_open()
+        norm = normalize_index(index, self._length, type(self).__name__)
+        if norm.single is not None:
+            p = norm.single
+            out = self._read_row(p) if self._written[p] else self._zeros(None)
+            return self._finish_read(out)
+        pos = norm.positions()
+        out = self._zeros(int(pos.size))
+        sel = np.flatnonzero(self._written[pos]) if pos.size else np.zeros(0, dtype=np.int64)
+        if sel.size:
+            uniq, first, inverse = np.unique(pos[sel], return_index=True, return_inverse=True)
+            dest = sel[first]
+
+            def read_into(j: int) -> None:
+                out[dest[j]] = self._read_row(int(uniq[j]))
+
+            io_map(read_into, list(range(int(uniq.size))), min_parallel=4)  # each file read once, in place
+            if uniq.size != sel.size:  # repeated rows: copy from the first occurrence
+                src = sel[first[inverse]]
+                dup = src != sel
+                out[sel[dup]] = out[src[dup]]
+        return self._finish_read(out)
+
+    def _finish_read(self, out: np.ndarray) -> np.ndarray:
+        if self._clip is not None:
+            np.clip(out, self._clip[0], self._clip[1], out=out)
+        return out
+
+    def get(self, index: Any) -> Any:
+        """Image(s) at `index` as arrays of the space's backend; a written row whose file is missing or damaged
+        raises StorageNotFoundError / StorageFormatError naming the file."""
+        sp = self.single_instance_space
+        return sp.backend.from_numpy(self.get_numpy(index), device=sp.device)
+
+    # ------------------------------------------------------------------ writes
+    def _encode_to_temp(self, arr: np.ndarray) -> str:
+        tmp = temp_file_path(self._dir, self._ext)
+        if arr.ndim == 3 and arr.shape[2] == 1:
+            arr = arr[:, :, 0]
+        try:
+            self._Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format=self._fmt, **self._save_options)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        return tmp
+
+    def _write_rows(self, pos: np.ndarray, arr: np.ndarray, persist: bool) -> None:
+        """Writes checked images `arr[k]` at rows `pos[k]` (unique): all files to temporary names first, then renamed
+        into place; the metadata is written when rows became written and `persist`."""
+        temps: List[Optional[str]] = [None] * int(pos.size)
+
+        def encode(k: int) -> None:
+            temps[k] = self._encode_to_temp(arr[k])
+
+        try:
+            io_map(encode, list(range(int(pos.size))), min_parallel=4)
+        except BaseException:
+            for t in temps:
+                remove_quietly(t)
+            raise
+        for k, row in enumerate(pos.tolist()):
+            os.replace(temps[k], self._path(row))  # type: ignore[arg-type]
+        fresh = ~self._written[pos]
+        if fresh.any():
+            self._written[pos] = True
+            self._meta_dirty = True
+        if persist and self._dirty:
+            self._write_metadata()
+
+    def set(self, index: Any, value: Any) -> None:
+        """Checks the images (shape, dtype) and writes one file per addressed row (duplicates: the last one wins)."""
+        self._check_writable()
+        norm = normalize_index(index, self._length, type(self).__name__)
+        if norm.single is not None:
+            self._write_rows(np.array([norm.single], dtype=np.int64), self._conv.convert(value, ())[None], True)
+            return
+        n = norm.count()
+        arr = self._conv.convert(value, (n,))
+        if n == 0:
+            return
+        pos = norm.positions()
+        if n > 1:
+            pos, src = last_occurrences(pos)
+            if pos.size != n or np.any(src != np.arange(n)):
+                arr = arr[src]
+        self._write_rows(pos, arr, True)
+
+    # ------------------------------------------------------------------ segments and writers
+    def append(self, value: Any) -> None:
+        """Writes one image at the open segment's next row (recorded in the metadata when the segment ends)."""
+        self._check_writable()
+        arr = self._conv.convert_single(value)
+        pos = self._next_write_position()
+        self._write_rows(np.array([pos], dtype=np.int64), arr[None], persist=False)
+        self._advance_segment()
+
+    def mark_segment_end(self) -> None:
+        super().mark_segment_end()
+        if not self._read_only and not self._closed and self._dirty:
+            self._write_metadata()
+
+    def _record_segment(self, start: int, length: int) -> None:
+        super()._record_segment(start, length)
+        if not self._read_only and self._dirty:
+            self._write_metadata()
+
+    def _prepare_single(self, value: Any) -> Any:
+        return np.array(self._conv.convert_single(value), copy=True)
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        return np.stack(items) if items else self._zeros(0)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._check_writable()
+        norm = normalize_index(index, self._length, type(self).__name__)
+        self._write_rows(norm.positions(), batch, persist=False)
+
+    # ------------------------------------------------------------------ length
+    def extend_length(self, length: int) -> None:
+        """Adds `length` unwritten rows (read as zeros) to a growable storage; no-op for a fixed capacity."""
+        self._check_writable()
+        if self._capacity is not None:
+            return
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+            raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
+        if length:
+            self._written = np.concatenate([self._written, np.zeros(int(length), dtype=bool)])
+            self._length += int(length)
+            self._meta_dirty = True
+
+    def shrink_length(self, length: int) -> None:
+        """Removes `length` rows (and their files) from the end of a growable storage; no-op for a fixed capacity."""
+        self._check_writable()
+        if self._capacity is not None:
+            return
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
+            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
+        if not length:
+            return
+        new_len = self._length - int(length)
+        if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
+            self.abort_segment()
+        gone = np.flatnonzero(self._written[new_len:]) + new_len
+        self._written = self._written[:new_len].copy()
+        self._length = new_len
+        self._segments.truncate(new_len)
+        self._write_metadata()
+        for row in gone.tolist():
+            remove_quietly(self._path(row))
+
+    def clear(self) -> None:
+        """Aborts the open segment, forgets all segments, deletes every image (rows read as zeros again) and
+        empties a growable storage."""
+        self._check_writable()
+        self.abort_segment()
+        self._segments.clear()
+        gone = np.flatnonzero(self._written)
+        self._written[:] = False
+        if self._capacity is None:
+            self._written = np.zeros(0, dtype=bool)
+            self._length = 0
+        self._write_metadata()
+        for row in gone.tolist():
+            remove_quietly(self._path(row))
+
+    # ------------------------------------------------------------------ persistence
+    def dumps(self, path: PathLike) -> None:
+        """Writes the storage to `path`: its own directory only flushes the metadata; another directory gets
+        hard links (or copies) of the image files, then its metadata."""
+        self._check_open()
+        target = os.fspath(path)
+        if os.path.isdir(target) and same_file(target, self._dir):
+            if not self._read_only:
+                self._write_metadata()
+            return
+        os.makedirs(target, exist_ok=True)
+        old_rows: np.ndarray = np.zeros(0, dtype=np.int64)
+        old_meta_path = os.path.join(target, METADATA_FILE)
+        old_ext = self._ext
+        if os.path.exists(old_meta_path):
+            try:
+                old = read_json(old_meta_path, "ImageStorage metadata")
+                n_old = old["capacity"] if old.get("capacity") is not None else old["length"]
+                old_rows = np.flatnonzero(runs_to_mask(old["written"], int(n_old), old_meta_path))
+                old_ext = _FORMATS.get(str(old.get("format", "")).upper(), self._ext)
+            except (StorageFormatError, KeyError, TypeError, ValueError):
+                old_rows = np.zeros(0, dtype=np.int64)
+        rows = np.flatnonzero(self._written).tolist()
+        io_map(lambda r: place_copy(self._path(r), os.path.join(target, f"{r}.{self._ext}")), rows, min_parallel=8)
+        self._write_metadata(target)
+        keep = set(rows) if old_ext == self._ext else set()
+        for r in old_rows.tolist():
+            if r not in keep:
+                remove_quietly(os.path.join(target, f"{r}.{old_ext}"))
+
+    def close(self) -> None:
+        """Writes pending metadata (a still-open segment's rows included). Idempotent."""
+        if self._closed:
+            return
+        try:
+            if not self._read_only and self._dirty:
+                self._write_metadata()
+        finally:
+            self._closed = True
+
+    # ------------------------------------------------------------------ pickling (reader processes)
+    def __getstate__(self) -> Dict[str, Any]:
+        self._check_open()
+        return {"space": self.single_instance_space, "dir": self._dir, "meta": self._metadata()}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        other = ImageStorage._from_metadata(state["dir"], state["meta"], "pickled ImageStorage", state["space"], True,
+                                            FORMAT_VERSION)
+        self.__dict__.update(other.__dict__)
+        other._closed = True
+
+
+__all__ = ["ImageStorage", "METADATA_FILE"]

@@ -1,0 +1,386 @@
+"""`ToBackendOrDeviceStorage`: a storage whose elements live on one backend / device, served on another."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Type, Union
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+                                    confined_path, read_json, require_fields)
+from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
+from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
+from unienv_data.base.storage import SpaceStorage
+from unienv_interface.backends.base import ComputeBackend
+from unienv_interface.backends.serialization import deserialize_backend, serialize_backend
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
+
+METADATA_FILE = "backend_metadata.json"
+INNER_PREFIX = "inner_storage"
+
+
+def _backend_arg(backend: Any) -> Optional[Any]:
+    if backend is None:
+        return None
+    if isinstance(backend, str):
+        return deserialize_backend(backend)
+    if isinstance(backend, type) and issubclass(backend, ComputeBackend):
+        return backend
+    raise TypeError(f"backend must be a ComputeBackend class, a backend name ('numpy', 'pytorch', 'jax') or None, "
+                    f"got {backend!r}")
+
+
+def _same_device(backend: Any, a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(backend.serialize_device(a) == backend.serialize_device(b))
+
+
+def _inner_space(space: Space, backend: Any, device: Any) -> Space:
+    """`space.to(backend, device)`, with an error that names what the target backend lacks."""
+    try:
+        return space.to(backend=backend, device=device)
+    except (ValueError, TypeError) as exc:
+        target = backend if backend is not None else space.backend
+        raise ValueError(f"cannot keep {space!r} on backend {target} / device {device!r}: {exc}") from None
+
+
+def _map_leaves(space: Space, data: Any, fn: Callable[[Any], Any]) -> Any:
+    """Applies `fn` to every array leaf of `data`, following the structure of `space`. Anything that does not fit
+    the structure (missing or extra keys, a wrong container) is passed on unchanged for the inner storage to
+    reject with its own error."""
+    if isinstance(space, DictSpace):
+        if not isinstance(data, Mapping):
+            return data
+        return {k: (_map_leaves(space.spaces[k], v, fn) if k in space.spaces else v) for k, v in data.items()}
+    if isinstance(space, TupleSpace):
+        if not isinstance(data, (tuple, list)) or len(data) != len(space.spaces):
+            return data
+        return tuple(_map_leaves(s, v, fn) for s, v in zip(space.spaces, data))
+    if isinstance(space, (BoxSpace, BinarySpace)):
+        return fn(data)
+    return data
+
+
+@register_storage
+class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Serves an inner storage that keeps its elements on another backend and/or device: e.g. a NumPy-backend
+    `NumpyMemmapStorage` read and written as torch tensors, or torch tensors stored on the CPU served on a GPU.
+
+    * The outer space (`single_instance_space`) says what callers see; the inner storage holds
+      `space.to(backend, device)`, with every dtype mapped by name (a dtype the inner backend lacks, e.g. bfloat16 on
+      NumPy, is a ValueError at `create`).
+    * `get` converts the inner result to the outer backend / device, `set` / `append` / segment writers convert
+      arrays of the outer backend to the inner one; index arrays of the outer backend are converted too. Conversions
+      keep dtypes and values, and share memory where the libraries allow it (`torch.from_numpy`, `Tensor.numpy()`,
+      DLPack); results are still new arrays, never views into the storage. Values of other libraries (NumPy arrays,
+      Python numbers, ...) go to the inner storage unchanged, which checks them as usual.
+    * Everything else (capacity, length, segments, `clear`, `flush`, mutability) is the inner storage's.
+    * Files: `<dir>/backend_metadata.json` = `{"storage_type": "ToBackendOrDeviceStorage", "inner_storage_type",
+      "inner_storage_path" ("inner_storage<ext>"), "inner_backend", "inner_device", "format_version": 1}` (written
+      atomically) and the inner storage beside it; type names resolve through the registry, never by import, and the
+      inner path must stay inside the directory.
+
+    Unlike the reference, `create` ALWAYS returns a ToBackendOrDeviceStorage, even when the backend and device equal
+    the space's (the reference then returns the inner storage itself), so the type of the result is predictable;
+    the wrapper then passes values through without converting them. `load_from` likewise always returns one.
+    Closing it closes the inner storage only when it created or loaded it; garbage collection never closes anything.
+    """
+
+    single_file_ext: Optional[str] = None
+
+    def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
+                 cache_filename: Optional[Union[str, PathLike]] = None) -> None:
+        if not isinstance(single_instance_space, Space):
+            raise TypeError(f"single_instance_space must be a Space, got {type(single_instance_space).__name__}")
+        if not isinstance(inner_storage, SpaceStorage):
+            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        inner_space = inner_storage.single_instance_space
+        expected = _inner_space(single_instance_space, inner_space.backend, inner_space.device)
+        if expected != inner_space:
+            raise ValueError(f"the inner storage holds {inner_space!r}, which is not the space on backend "
+                             f"{inner_space.backend}: expected {expected!r}")
+        super().__init__(single_instance_space)
+        self.inner_storage = inner_storage
+        self.inner_storage_path = inner_storage_path
+        self._cache_filename = cache_filename
+        self._owns_inner = False
+        self.inner_backend = inner_space.backend
+        self.inner_device = inner_space.device
+        outer = single_instance_space.backend
+        self._same_backend = self.inner_backend is outer
+        self._passthrough = self._same_backend and _same_device(outer, self.device, self.inner_device)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, inner_storage_cls: Type[SpaceStorage], *args: Any,  # type: ignore[override]
+               capacity: Optional[int] = None, cache_path: Optional[PathLike] = None, multiprocessing: bool = False,
+               backend: Any = None, device: Any = None, inner_storage_kwargs: Dict[str, Any] = {},
+               **kwargs: Any) -> "ToBackendOrDeviceStorage":
+        """A new storage: `inner_storage_cls.create(space.to(backend, device), *args, capacity=..., cache_path=
+        <cache_path>/inner_storage<ext>, multiprocessing=..., **kwargs, **inner_storage_kwargs)`, wrapped.
+
+        `backend` / `device` are the INNER storage's (None keeps the space's own). Always returns a
+        ToBackendOrDeviceStorage (see the class docstring). With `cache_path` the directory and its metadata are
+        written at once, so it can be reopened with `load_from(cache_path, space)`.
+        """
+        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
+            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
+        if not isinstance(single_instance_space, Space):
+            raise TypeError(f"single_instance_space must be a Space, got {type(single_instance_space).__name__}")
+        inner_space = _inner_space(single_instance_space, _backend_arg(backend), device)
+        inner_path = INNER_PREFIX + (inner_storage_cls.single_file_ext or "")
+        if cache_path is not None:
+            os.makedirs(cache_path, exist_ok=True)
+        inner = inner_storage_cls.create(
+            inner_space, *args, capacity=capacity,
+            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
+            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
+        try:
+            st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
+        except BaseException:
+            inner.close()
+            raise
+        st._owns_inner = True
+        if cache_path is not None:
+            st._write_metadata(cache_path)
+        return st
+
+    @classmethod
+    def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "ToBackendOrDeviceStorage":
+        """Opens a directory written by `dumps` (this library's or the reference's). The inner backend and device
+        come from the metadata; extra kwargs go to the inner storage's `load_from`."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise StorageNotFoundError(f"ToBackendOrDeviceStorage directory not found: {path}")
+        meta_path = os.path.join(path, METADATA_FILE)
+        meta = read_json(meta_path, "ToBackendOrDeviceStorage metadata")
+        check_format_version(meta, meta_path)
+        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", "inner_backend",
+                              "inner_device"), meta_path)
+        if meta["storage_type"] != "ToBackendOrDeviceStorage":
+            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, "
+                                     "expected 'ToBackendOrDeviceStorage'")
+        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
+        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
+        if os.path.realpath(inner_full) == os.path.realpath(path):
+            raise StorageFormatError(f"{meta_path}: inner_storage_path {meta['inner_storage_path']!r} points at the "
+                                     "directory itself")
+        if not isinstance(meta["inner_backend"], str):
+            raise StorageFormatError(f"{meta_path}: inner_backend must be a backend name, got {meta['inner_backend']!r}")
+        try:
+            inner_backend = deserialize_backend(meta["inner_backend"])
+        except ValueError as exc:
+            raise StorageFormatError(f"{meta_path}: {exc}") from None
+        dev = meta["inner_device"]
+        if dev is not None and not isinstance(dev, str):
+            raise StorageFormatError(f"{meta_path}: inner_device must be a string or null, got {dev!r}")
+        try:
+            inner_device = inner_backend.deserialize_device(dev)
+            if inner_backend.simplified_name == "numpy" and dev not in (None, "cpu"):
+                raise ValueError("NumPy arrays live on the host ('cpu' or null)")
+        except Exception as exc:  # noqa: BLE001 - each library raises its own type for a bad device string
+            raise StorageFormatError(f"{meta_path}: invalid inner_device {dev!r} for {inner_backend}: {exc}") from None
+        inner_space = _inner_space(single_instance_space, inner_backend, inner_device)
+        inner = inner_cls.load_from(inner_full, inner_space, capacity=capacity, read_only=read_only,
+                                    multiprocessing=multiprocessing, **kwargs)
+        try:
+            st = cls(single_instance_space, inner, meta["inner_storage_path"],
+                     cache_filename=path if inner.cache_filename is not None else None)
+        except BaseException:
+            inner.close()
+            raise
+        st._owns_inner = True
+        return st
+
+    # ------------------------------------------------------------------ conversion
+    def _to_inner_leaf(self, x: Any) -> Any:
+        outer, inner = self.backend, self.inner_backend
+        if not outer.is_backendarray(x):
+            return x
+        if self._same_backend:
+            return inner.to_device(x, self.inner_device)
+        return inner.from_other_backend(outer, x, device=self.inner_device)
+
+    def _to_outer_leaf(self, y: Any) -> Any:
+        outer, inner = self.backend, self.inner_backend
+        if self._same_backend:
+            return outer.to_device(y, self.device) if self.device is not None else y
+        if not inner.is_backendarray(y):
+            return y
+        out = outer.from_other_backend(inner, y, device=self.device)
+        if outer.dtype_name(out.dtype) != inner.dtype_name(y.dtype):
+            raise TypeError(f"converting {inner.dtype_name(y.dtype)} from {inner} to {outer} gave "
+                            f"{outer.dtype_name(out.dtype)}; refusing to change the dtype")
+        return out
+
+    def _to_inner(self, value: Any) -> Any:
+        if self._passthrough:
+            return value
+        return _map_leaves(self.single_instance_space, value, self._to_inner_leaf)
+
+    def _to_outer(self, value: Any) -> Any:
+        if self._passthrough:
+            return value
+        return _map_leaves(self.inner_storage.single_instance_space, value, self._to_outer_leaf)
+
+    def _index_to_inner(self, index: Any) -> Any:
+        if self._passthrough or isinstance(index, (int, slice, list, tuple, np.generic)) or index is Ellipsis:
+            return index
+        return self._to_inner_leaf(index)
+
+    # ------------------------------------------------------------------ delegated properties
+    @property
+    def cache_filename(self) -> Optional[Union[str, PathLike]]:
+        return self._cache_filename if self.inner_storage.cache_filename is not None else None
+
+    @property
+    def is_mutable(self) -> bool:
+        return self.inner_storage.is_mutable
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return self.inner_storage.is_multiprocessing_safe
+
+    @property
+    def capacity(self) -> Optional[int]:
+        return self.inner_storage.capacity
+
+    def __len__(self) -> int:
+        return len(self.inner_storage)
+
+    @property
+    def has_open_segment(self) -> bool:
+        return self.inner_storage.has_open_segment
+
+    @property
+    def pending_segment_length(self) -> int:
+        return self.inner_storage.pending_segment_length
+
+    def extend_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.extend_length(length)
+
+    def shrink_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.shrink_length(length)
+
+    def mark_segment_start(self, start_index: int) -> None:
+        self._check_writable()
+        self.inner_storage.mark_segment_start(start_index)
+
+    def mark_segment_end(self) -> None:
+        self._check_open()
+        self.inner_storage.mark_segment_end()
+
+    def abort_segment(self) -> None:
+        self._check_open()
+        self.inner_storage.abort_segment()
+
+    def get_segments(self) -> Optional[List[Any]]:
+        self._check_open()
+        return self.inner_storage.get_segments()
+
+    def forget_segments(self, start: int, length: int) -> None:
+        self._check_open()
+        self.inner_storage.forget_segments(start, length)
+
+    def clear(self) -> None:
+        self._check_writable()
+        self.inner_storage.clear()
+
+    # ------------------------------------------------------------------ data
+    def get(self, index: Any) -> Any:
+        """Element(s) at `index` on the outer backend / device (new arrays)."""
+        self._check_open()
+        return self._to_outer(self.inner_storage.get(self._index_to_inner(index)))
+
+    def set(self, index: Any, value: Any) -> None:
+        """Writes element(s) at `index` (converted to the inner backend and checked there); on error nothing changes."""
+        self._check_writable()
+        self.inner_storage.set(self._index_to_inner(index), self._to_inner(value))
+
+    def append(self, value: Any) -> None:
+        """Appends one element to the inner storage's open segment."""
+        self._check_writable()
+        self.inner_storage.append(self._to_inner(value))
+
+    def open_segment_writer(self) -> SegmentWriter:
+        """A writer that converts appended elements to the inner backend and writes them on `commit(start)`."""
+        self._check_writable()
+        return _OuterCheckedWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
+
+    # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
+    def _segment_log(self) -> Any:
+        return self.inner_storage._segment_log()
+
+    def _record_segment(self, start: int, length: int) -> None:
+        self.inner_storage._record_segment(start, length)
+
+    def _prepare_single(self, value: Any) -> Any:
+        """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
+        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
+        return self.inner_storage._prepare_single(self._to_inner(value))
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        return self.inner_storage._stack_prepared(items)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._check_writable()
+        self.inner_storage._set_prepared(self._index_to_inner(index), batch)
+
+    # ------------------------------------------------------------------ persistence
+    def _metadata(self) -> Dict[str, Any]:
+        ib = self.inner_backend
+        return {"storage_type": "ToBackendOrDeviceStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
+                "inner_storage_path": os.fspath(self.inner_storage_path), "inner_backend": serialize_backend(ib),
+                "inner_device": ib.serialize_device(self.inner_device), "format_version": FORMAT_VERSION}
+
+    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+
+    def flush(self) -> None:
+        """Makes committed rows and segments durable in the cache directory (inner data first, then metadata)."""
+        self._check_open()
+        flush = getattr(self.inner_storage, "flush", None)
+        if flush is not None:
+            flush()
+        if self._cache_filename is not None and self.is_mutable:
+            self._write_metadata(self._cache_filename)
+
+    def dumps(self, path: Union[str, PathLike]) -> None:
+        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
+        self._check_open()
+        os.makedirs(path, exist_ok=True)
+        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
+        self._write_metadata(path)
+
+    def close(self) -> None:
+        """Closes the inner storage if this object created or loaded it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_inner:
+            self.inner_storage.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self._check_open()
+        return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,
+                "cache": self._cache_filename, "owns": self._owns_inner}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        ToBackendOrDeviceStorage.__init__(self, state["space"], state["inner"], state["inner_path"], state["cache"])
+        self._owns_inner = state["owns"]
+
+
+class _OuterCheckedWriter(MappedSegmentWriter):
+    """A MappedSegmentWriter that refuses to commit once its outer storage is closed or read-only."""
+
+    def commit(self, start_index: int) -> None:
+        self.storage._check_writable()
+        super().commit(start_index)
+
+
+__all__ = ["ToBackendOrDeviceStorage", "METADATA_FILE"]

@@ -1,0 +1,427 @@
+"""`TransformedStorage`: stores `transform(x)` in an inner storage and reads back through the inverse."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+                                    confined_path, read_json, require_fields)
+from unienv_data.base.indexing import is_single_index
+from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
+from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
+from unienv_data.base.storage import SpaceStorage
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
+from unienv_interface.space.space_utils import flatten_utils
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+from unienv_interface.transformations import (DataTransformation, TransformationFormatError, json_to_transformation,
+                                              transformation_to_json)
+
+METADATA_FILE = "transformed_metadata.json"
+#: written by the reference implementation; never read (unpickling a file can run arbitrary code)
+LEGACY_PICKLE_FILE = "data_transformation.pkl"
+INNER_PREFIX = "transformed_inner_storage"
+
+
+def _describe_space(space: Space) -> str:
+    text = repr(space)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _inverse_mismatch(source: Space, back: Space, where: str = "") -> Optional[str]:
+    """Why values of `back` (what the inverse produces) are not values of `source`, or None when they are: same
+    structure, leaf types, shapes and dtypes, and Box bounds of `back` inside those of `source`."""
+    at = where or "<root>"
+    if isinstance(source, DictSpace) or isinstance(back, DictSpace):
+        if not (isinstance(source, DictSpace) and isinstance(back, DictSpace)):
+            return f"{at}: {type(back).__name__} instead of {type(source).__name__}"
+        if set(source.spaces) != set(back.spaces):
+            return f"{at}: keys {sorted(back.spaces)} instead of {sorted(source.spaces)}"
+        for k in source.spaces:
+            why = _inverse_mismatch(source.spaces[k], back.spaces[k], f"{where}/{k}" if where else str(k))
+            if why:
+                return why
+        return None
+    if isinstance(source, TupleSpace) or isinstance(back, TupleSpace):
+        if not (isinstance(source, TupleSpace) and isinstance(back, TupleSpace)) or len(source.spaces) != len(back.spaces):
+            return f"{at}: the tuple structure differs"
+        for i, (s, t) in enumerate(zip(source.spaces, back.spaces)):
+            why = _inverse_mismatch(s, t, f"{where}/{i}" if where else str(i))
+            if why:
+                return why
+        return None
+    if type(source) is not type(back):
+        return f"{at}: {type(back).__name__} instead of {type(source).__name__}"
+    if isinstance(source, (BoxSpace, BinarySpace)) and isinstance(back, (BoxSpace, BinarySpace)):
+        if tuple(source.shape) != tuple(back.shape) or source.dtype != back.dtype:
+            b = source.backend
+            return (f"{at}: {b.dtype_name(back.dtype)}{list(back.shape)} instead of "
+                    f"{b.dtype_name(source.dtype)}{list(source.shape)}")
+        if isinstance(source, BoxSpace) and isinstance(back, BoxSpace):
+            with np.errstate(invalid="ignore"):
+                inside = bool(np.all(back.low_numpy >= source.low_numpy) and np.all(back.high_numpy <= source.high_numpy))
+            if not inside:
+                return f"{at}: it reads back values in {_describe_space(back)}, outside {_describe_space(source)}"
+        return None
+    if source != back:
+        return f"{at}: {_describe_space(back)} instead of {_describe_space(source)}"
+    return None
+
+
+@register_storage
+class TransformedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Stores every element as `data_transformation.transform(space, x)` in an inner storage (of the transformed
+    space) and reads it back through the inverse transformation, e.g. float images in [0, 1] kept as uint8, or
+    actions kept rescaled.
+
+    * `set` / `append` / segment writers check and transform the value first (the transformation checks it against
+      the space, the inner storage checks the transformed value); on any error nothing is written.
+    * `get` reads the inner rows and applies the inverse (new arrays, never views). Rows never written read back as
+      the inverse image of the inner storage's zeros.
+    * Everything else (capacity, length, segments, `clear`, `flush`, mutability) is the inner storage's.
+    * Files: `<dir>/transformed_metadata.json` = `{"storage_type": "TransformedStorage", "inner_storage_type",
+      "inner_storage_path" ("transformed_inner_storage<ext>"), "data_transformation": <transformation JSON>,
+      "space": <space JSON>, "format_version": 1}`, written atomically, and the inner storage beside it. The
+      transformation is rebuilt through the transformation registry; the inner storage type through the storage
+      registry; nothing named in the file is imported, and its path must stay inside the directory.
+
+    Beyond the reference: the transformation is stored as JSON, never pickled. A directory holding only the
+    reference's `data_transformation.pkl` is refused (loading a pickle can run arbitrary code): re-create it from
+    its data with a JSON-serializable transformation. `load_from` checks the given space against the stored one.
+    Closing a TransformedStorage closes the inner storage only when it created or loaded it; garbage collection
+    never closes anything.
+    """
+
+    single_file_ext: Optional[str] = None
+
+    def __init__(self, single_instance_space: Space, data_transformation: DataTransformation,
+                 inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
+                 cache_filename: Optional[Union[str, PathLike]] = None) -> None:
+        if not isinstance(inner_storage, SpaceStorage):
+            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        target, inverse = self._plan(single_instance_space, data_transformation)
+        inner_space = inner_storage.single_instance_space
+        if inner_space.backend is not target.backend or inner_space != target:
+            raise ValueError(f"the inner storage holds {_describe_space(inner_space)}, but the transformation maps the "
+                             f"space to {_describe_space(target)}")
+        super().__init__(single_instance_space)
+        self.data_transformation = data_transformation
+        self.inv_data_transformation = inverse
+        self.transformed_space = target
+        self.inner_storage = inner_storage
+        self.inner_storage_path = inner_storage_path
+        self._cache_filename = cache_filename
+        self._owns_inner = False
+
+    @staticmethod
+    def _plan(space: Space, transformation: Any) -> Tuple[Space, DataTransformation]:
+        """`(target space, inverse transformation)`, validating that the transformation can back a storage."""
+        if not isinstance(space, Space):
+            raise TypeError(f"single_instance_space must be a Space, got {type(space).__name__}")
+        if not isinstance(transformation, DataTransformation):
+            raise TypeError(f"data_transformation must be a DataTransformation, got {type(transformation).__name__}")
+        if not transformation.has_inverse:
+            try:
+                transformation.direct_inverse(space)
+                detail = f"{type(transformation).__name__} has no inverse"
+            except (ValueError, TypeError) as exc:
+                detail = str(exc)
+            raise ValueError(f"TransformedStorage needs an invertible transformation (stored values are read back "
+                             f"through the inverse): {detail}")
+        target = transformation.get_target_space_from_source(space)
+        inverse = transformation.direct_inverse(space)
+        back = inverse.get_target_space_from_source(target)
+        why = _inverse_mismatch(space, back)
+        if why:
+            raise ValueError(f"the inverse of {type(transformation).__name__} does not map back onto the space: {why}")
+        return target, inverse
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, inner_storage_cls: Type[SpaceStorage], *args: Any,  # type: ignore[override]
+               data_transformation: DataTransformation, capacity: Optional[int] = None,
+               cache_path: Optional[PathLike] = None, multiprocessing: bool = False,
+               inner_storage_kwargs: Dict[str, Any] = {}, **kwargs: Any) -> "TransformedStorage":
+        """A new storage: `inner_storage_cls.create(<transformed space>, *args, capacity=..., cache_path=
+        <cache_path>/transformed_inner_storage<ext>, multiprocessing=..., **kwargs, **inner_storage_kwargs)`.
+
+        `data_transformation` is required and must be invertible (ValueError otherwise); it is checked before
+        anything is created. With `cache_path` the directory and its metadata are written at once, so it can be
+        reopened with `load_from(cache_path, space)`.
+        """
+        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
+            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
+        target, _inverse = cls._plan(single_instance_space, data_transformation)
+        inner_path = INNER_PREFIX + (inner_storage_cls.single_file_ext or "")
+        if cache_path is not None:
+            transformation_to_json(data_transformation)  # refuse what could not be written back before creating files
+            os.makedirs(cache_path, exist_ok=True)
+        inner = inner_storage_cls.create(
+            target, *args, capacity=capacity,
+            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
+            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
+        try:
+            st = cls(single_instance_space, data_transformation, inner, inner_path, cache_filename=cache_path)
+        except BaseException:
+            inner.close()
+            raise
+        st._owns_inner = True
+        if cache_path is not None:
+            st._write_metadata(cache_path)
+        return st
+
+    @classmethod
+    def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "TransformedStorage":
+        """Opens a directory written by `dumps` (or `create` with a cache path). The transformation comes from the
+        metadata JSON; extra kwargs go to the inner storage's `load_from`."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise StorageNotFoundError(f"TransformedStorage directory not found: {path}")
+        meta_path = os.path.join(path, METADATA_FILE)
+        legacy = os.path.exists(os.path.join(path, LEGACY_PICKLE_FILE))
+        if legacy and not os.path.exists(meta_path):
+            raise StorageFormatError(cls._pickle_refusal(path))
+        meta = read_json(meta_path, "TransformedStorage metadata")
+        check_format_version(meta, meta_path)
+        if "data_transformation" not in meta and legacy:
+            raise StorageFormatError(cls._pickle_refusal(path))
+        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", "data_transformation"),
+                       meta_path)
+        if meta["storage_type"] != "TransformedStorage":
+            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected 'TransformedStorage'")
+        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
+        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
+        if os.path.realpath(inner_full) == os.path.realpath(path):
+            raise StorageFormatError(f"{meta_path}: inner_storage_path {meta['inner_storage_path']!r} points at the "
+                                     "directory itself")
+        try:
+            transformation = json_to_transformation(meta["data_transformation"])
+        except TransformationFormatError as exc:
+            raise StorageFormatError(f"{meta_path}: data_transformation: {exc}") from None
+        if not transformation.has_inverse:
+            raise StorageFormatError(f"{meta_path}: the stored {type(transformation).__name__} has no inverse, so the "
+                                     "stored values cannot be read back")
+        if "space" in meta:
+            try:
+                stored = json_to_space(meta["space"], single_instance_space.backend, single_instance_space.device)
+            except (ValueError, TypeError) as exc:
+                raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
+            if stored != single_instance_space:
+                raise ValueError(f"the space does not match the one stored in {path}: stored "
+                                 f"{_describe_space(stored)}, given {_describe_space(single_instance_space)}")
+        target, _inverse = cls._plan(single_instance_space, transformation)
+        inner = inner_cls.load_from(inner_full, target, capacity=capacity, read_only=read_only,
+                                    multiprocessing=multiprocessing, **kwargs)
+        try:
+            st = cls(single_instance_space, transformation, inner, meta["inner_storage_path"],
+                     cache_filename=path if inner.cache_filename is not None else None)
+        except BaseException:
+            inner.close()
+            raise
+        st._owns_inner = True
+        return st
+
+    @staticmethod
+    def _pickle_refusal(path: str) -> str:
+        return (f"{path} stores its transformation as a pickle ({LEGACY_PICKLE_FILE}); it is not loaded because "
+                f"unpickling a file can run arbitrary code. Rebuild the storage with a JSON-serializable "
+                f"transformation (this library writes it into {METADATA_FILE}).")
+
+    # ------------------------------------------------------------------ delegated properties
+    @property
+    def cache_filename(self) -> Optional[Union[str, PathLike]]:
+        return self._cache_filename if self.inner_storage.cache_filename is not None else None
+
+    @property
+    def is_mutable(self) -> bool:
+        return self.inner_storage.is_mutable
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        return self.inner_storage.is_multiprocessing_safe
+
+    @property
+    def capacity(self) -> Optional[int]:
+        return self.inner_storage.capacity
+
+    def __len__(self) -> int:
+        return len(self.inner_storage)
+
+    @property
+    def has_open_segment(self) -> bool:
+        return self.inner_storage.has_open_segment
+
+    @property
+    def pending_segment_length(self) -> int:
+        return self.inner_storage.pending_segment_length
+
+    def extend_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.extend_length(length)
+
+    def shrink_length(self, length: int) -> None:
+        self._check_open()
+        self.inner_storage.shrink_length(length)
+
+    def mark_segment_start(self, start_index: int) -> None:
+        self._check_writable()
+        self.inner_storage.mark_segment_start(start_index)
+
+    def mark_segment_end(self) -> None:
+        self._check_open()
+        self.inner_storage.mark_segment_end()
+
+    def abort_segment(self) -> None:
+        self._check_open()
+        self.inner_storage.abort_segment()
+
+    def get_segments(self) -> Optional[List[Any]]:
+        self._check_open()
+        return self.inner_storage.get_segments()
+
+    def forget_segments(self, start: int, length: int) -> None:
+        self._check_open()
+        self.inner_storage.forget_segments(start, length)
+
+    def clear(self) -> None:
+        self._check_writable()
+        self.inner_storage.clear()
+
+    # ------------------------------------------------------------------ data
+    def get(self, index: Any) -> Any:
+        """Element(s) at `index`, read from the inner storage and mapped back through the inverse transformation."""
+        self._check_open()
+        return self.inv_data_transformation.transform(self.transformed_space, self.inner_storage.get(index))
+
+    def get_flattened(self, index: Any) -> Any:
+        """Element(s) at `index` flattened like `flatten_data(space, ...)` (the source space's layout; new arrays)."""
+        data = self.get(index)
+        if is_single_index(index):
+            return flatten_utils.flatten_data(self.single_instance_space, data)
+        return flatten_utils.flatten_data(self._single_sample_batched_space, data, start_dim=1)
+
+    def set_flattened(self, index: Any, value: Any) -> None:
+        """Writes flat row(s) in the source space's layout. Every column must read back unchanged from the element
+        it describes (no fraction in an integer leaf, no 2 in a boolean one), else ValueError; then as `set`."""
+        self._check_writable()
+        b = self.backend
+        single = is_single_index(index)
+        space = self.single_instance_space if single else self._single_sample_batched_space
+        start = 0 if single else 1
+        if isinstance(value, np.ndarray) and not b.is_backendarray(value):
+            value = b.from_numpy(value)
+        if not b.is_backendarray(value):
+            raise TypeError(f"flat rows must be a {b} or NumPy array, got {type(value).__name__}")
+        width = flatten_utils.flat_dim(self.single_instance_space)
+        shape = tuple(value.shape)
+        if len(shape) != start + 1 or shape[-1] != width:
+            want = f"({width},)" if single else f"(n, {width})"
+            raise ValueError(f"expected flat rows of shape {want}, got {shape}")
+        with np.errstate(all="ignore"):
+            data = flatten_utils.unflatten_data(space, value, start_dim=start)
+            again = flatten_utils.flatten_data(space, data, start_dim=start)
+            flat = b.astype(value, again.dtype) if value.dtype != again.dtype else value
+            same = again == flat
+            if b.dtype_is_real_floating(again.dtype):
+                same = b.logical_or(same, b.logical_and(b.isnan(again), b.isnan(flat)))
+        if not bool(b.all(same)):
+            raise ValueError("flat rows hold values their leaves cannot represent (a fraction in an integer leaf, a "
+                             "value other than 0/1 in a boolean leaf, or one beyond the leaf dtype's range)")
+        self.set(index, data)
+
+    def _forward(self, value: Any) -> Any:
+        return self.data_transformation.transform(self.single_instance_space, value)
+
+    def set(self, index: Any, value: Any) -> None:
+        """Transforms `value` (checking it) and writes it at `index`; on any error nothing is written."""
+        self._check_writable()
+        self.inner_storage.set(index, self._forward(value))
+
+    def append(self, value: Any) -> None:
+        """Transforms one element and appends it to the inner storage's open segment."""
+        self._check_writable()
+        self.inner_storage.append(self._forward(value))
+
+    def open_segment_writer(self) -> SegmentWriter:
+        """A writer whose appended elements are checked and transformed at once and written on `commit(start)`."""
+        self._check_writable()
+        return _OuterCheckedWriter(self, self.inner_storage.open_segment_writer(), self._forward)
+
+    # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
+    def _segment_log(self) -> Any:
+        return self.inner_storage._segment_log()
+
+    def _record_segment(self, start: int, length: int) -> None:
+        self.inner_storage._record_segment(start, length)
+
+    def _prepare_single(self, value: Any) -> Any:
+        """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
+        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
+        return self.inner_storage._prepare_single(self._forward(value))
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        return self.inner_storage._stack_prepared(items)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._check_writable()
+        self.inner_storage._set_prepared(index, batch)
+
+    # ------------------------------------------------------------------ persistence
+    def _metadata(self) -> Dict[str, Any]:
+        return {"storage_type": "TransformedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
+                "inner_storage_path": os.fspath(self.inner_storage_path),
+                "data_transformation": transformation_to_json(self.data_transformation),
+                "space": space_to_json(self.single_instance_space), "format_version": FORMAT_VERSION}
+
+    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+
+    def flush(self) -> None:
+        """Makes committed rows and segments durable in the cache directory (inner data first, then metadata)."""
+        self._check_open()
+        flush = getattr(self.inner_storage, "flush", None)
+        if flush is not None:
+            flush()
+        if self._cache_filename is not None and self.is_mutable:
+            self._write_metadata(self._cache_filename)
+
+    def dumps(self, path: Union[str, PathLike]) -> None:
+        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
+        self._check_open()
+        os.makedirs(path, exist_ok=True)
+        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
+        self._write_metadata(path)
+
+    def close(self) -> None:
+        """Closes the inner storage if this object created or loaded it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_inner:
+            self.inner_storage.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self._check_open()
+        return {"space": self.single_instance_space, "transformation": self.data_transformation,
+                "inner": self.inner_storage, "inner_path": self.inner_storage_path, "cache": self._cache_filename,
+                "owns": self._owns_inner}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        TransformedStorage.__init__(self, state["space"], state["transformation"], state["inner"], state["inner_path"],
+                                    state["cache"])
+        self._owns_inner = state["owns"]
+
+
+class _OuterCheckedWriter(MappedSegmentWriter):
+    """A MappedSegmentWriter that refuses to commit once its outer storage is closed or read-only (the inner
+    storage may outlive the wrapper when the wrapper does not own it)."""
+
+    def commit(self, start_index: int) -> None:
+        self.storage._check_writable()
+        super().commit(start_index)
+
+
+__all__ = ["TransformedStorage", "METADATA_FILE", "LEGACY_PICKLE_FILE"]

@@ -1,0 +1,255 @@
+"""Array helpers shared by the built-in transformations: checked input conversion, bounds checks, dtype facts.
+
+Input rules (the same as the storages'): the value may be an array of the space's backend, a NumPy array, another
+library's array, a Python number or a (nested) list. Its shape must equal the space's shape, optionally behind
+extra leading batch axes. A different dtype is accepted when the cast is lossless, when it narrows a float without
+overflowing, or when every value survives the cast unchanged; anything else is ValueError naming the first value.
+Computation uses the backend's Array-API namespace, so arrays stay on their device.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from unienv_interface.space import BinarySpace, BoxSpace, Space
+
+#: mantissa bits (implicit bit included) and the largest binary exponent of each float dtype
+FLOAT_MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+FLOAT_MAX_EXP = {"float16": 16, "bfloat16": 128, "float32": 128, "float64": 1024}
+INT_NAMES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def dtype_kind(name: str) -> str:
+    """'b' (bool), 'i' / 'u' (signed / unsigned integer), 'f' (real float) or 'c' (anything else)."""
+    if name == "bool":
+        return "b"
+    if name in FLOAT_MANTISSA:
+        return "f"
+    if name in INT_NAMES:
+        return "u" if name.startswith("u") else "i"
+    return "c"
+
+
+def int_range(name: str) -> Tuple[int, int]:
+    """`(min, max)` of an integer dtype, as Python ints."""
+    info = np.iinfo(np.dtype(name))
+    return int(info.min), int(info.max)
+
+
+def _value_bits(name: str) -> int:
+    lo, hi = int_range(name)
+    return max(hi.bit_length(), (-lo).bit_length() if lo < 0 else 0)
+
+
+def is_lossless(src: str, dst: str) -> bool:
+    """True when every value of dtype `src` survives a cast to `dst` unchanged."""
+    ks, kd = dtype_kind(src), dtype_kind(dst)
+    if src == dst or (ks == "b" and kd in "iuf"):
+        return True
+    if ks in "iu" and kd in "iu":
+        (slo, shi), (dlo, dhi) = int_range(src), int_range(dst)
+        return dlo <= slo and shi <= dhi
+    if ks in "iu" and kd == "f":
+        return _value_bits(src) <= FLOAT_MANTISSA[dst]
+    if ks == "f" and kd == "f":
+        return FLOAT_MANTISSA[dst] >= FLOAT_MANTISSA[src] and FLOAT_MAX_EXP[dst] >= FLOAT_MAX_EXP[src]
+    return False
+
+
+def dtype_name(backend: Any, dtype: Any) -> str:
+    return str(backend.dtype_name(dtype))
+
+
+def _describe(value: Any) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None:
+        return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def as_backend_array(space: Space, data: Any, who: str) -> Any:
+    """`data` as an array of the space's backend (no copy where the libraries allow it)."""
+    b = space.backend
+    if b.is_backendarray(data):
+        return data
+    if isinstance(data, (np.ndarray, np.generic)):
+        arr = np.asarray(data)
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"{who}: expected numbers, got {_describe(data)}")
+        return b.from_numpy(arr)
+    if isinstance(data, (bool, int, float, list, tuple)):
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError):
+            raise TypeError(f"{who}: expected an array, got a ragged {type(data).__name__}") from None
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"{who}: expected numbers, got {_describe(data)}")
+        return b.from_numpy(arr)
+    if type(data).__module__.split(".")[0] in ("torch", "jax", "jaxlib"):
+        from unienv_interface.backends import get_backend_from_tensor
+        return b.from_other_backend(get_backend_from_tensor(data), data)
+    shape = getattr(space, "shape", None)
+    raise TypeError(f"{who}: expected an array of shape {shape} and dtype {dtype_name(b, space.dtype)}, "
+                    f"got {_describe(data)}")
+
+
+def check_shape(space: Space, arr: Any, who: str) -> None:
+    """ValueError unless `arr` has the space's shape, optionally behind extra leading (batch) axes. Size-1 axes of
+    the space (a space batched to size 1) also match any batch size."""
+    got = tuple(int(d) for d in arr.shape)
+    want = tuple(space.shape or ())
+    try:
+        ok = np.broadcast_shapes(got, want) == got
+    except ValueError:
+        ok = False
+    if not ok or len(got) < len(want):
+        raise ValueError(f"{who}: expected shape {want} (optionally with leading batch axes), got {got}")
+
+
+def _first_false(backend: Any, arr: Any, ok: Any) -> Tuple[Tuple[int, ...], Any]:
+    """Position and value of the first element of `arr` where the boolean array `ok` is False."""
+    mask = np.asarray(backend.to_numpy(ok))
+    mask = np.broadcast_to(mask, tuple(arr.shape))
+    flat = int(np.flatnonzero(~mask.reshape(-1))[0])
+    pos = tuple(int(p) for p in np.unravel_index(flat, mask.shape))
+    return pos, arr[pos].item()
+
+
+def all_true(backend: Any, ok: Any) -> bool:
+    return bool(backend.all(ok))
+
+
+def cast_checked(backend: Any, arr: Any, dst_dtype: Any, who: str) -> Any:
+    """`arr` cast to `dst_dtype` of `backend` under the module's dtype rules (ValueError / TypeError otherwise)."""
+    if arr.dtype == dst_dtype:
+        return arr
+    try:
+        src = dtype_name(backend, arr.dtype)
+    except ValueError:
+        raise TypeError(f"{who}: unsupported dtype {arr.dtype}") from None
+    dst = dtype_name(backend, dst_dtype)
+    if dtype_kind(src) == "c":
+        raise TypeError(f"{who}: expected dtype {dst}, got {src}")
+    if is_lossless(src, dst):
+        return backend.astype(arr, dst_dtype)
+    with np.errstate(all="ignore"):
+        out = backend.astype(arr, dst_dtype)
+        if dtype_kind(src) == "f" and dtype_kind(dst) == "f":
+            ok = backend.logical_or(backend.isfinite(out), backend.logical_not(backend.isfinite(arr)))
+            if not all_true(backend, ok):
+                pos, val = _first_false(backend, arr, ok)
+                raise ValueError(f"{who}: value {val!r} at position {pos} overflows {dst}")
+            return out
+        ok = backend.astype(out, arr.dtype) == arr
+    if not all_true(backend, ok):
+        pos, val = _first_false(backend, arr, ok)
+        raise ValueError(f"{who}: value {val!r} at position {pos} of dtype {src} cannot be stored as {dst} without "
+                         "changing it (fractional, NaN or out of range); convert it explicitly")
+    return out
+
+
+def coerce(space: Space, data: Any, who: str) -> Any:
+    """`data` as a backend array of the space's dtype and shape (optionally batched), checked but not bounds-checked."""
+    arr = as_backend_array(space, data, who)
+    check_shape(space, arr, who)
+    return cast_checked(space.backend, arr, space.dtype, who)
+
+
+# ---------------------------------------------------------------------------------------------------- bounds
+_BOUNDS: Dict[int, Tuple[Space, Any, Any]] = {}
+_BOUNDS_MAX = 64
+
+
+def _constant(a: np.ndarray) -> Optional[Any]:
+    if a.size and np.all(a == a.reshape(-1)[0]):
+        return a.reshape(-1)[0].item()
+    return None
+
+
+def box_bounds(space: BoxSpace) -> Tuple[Any, Any]:
+    """The bounds as Python numbers (when constant) or backend arrays of the space's dtype; `(None, None)` when the
+    box is unbounded (a float box with infinite bounds, an int box at its dtype's limits)."""
+    hit = _BOUNDS.get(id(space))
+    if hit is not None and hit[0] is space:
+        return hit[1], hit[2]
+    lo_np, hi_np = space.low_numpy, space.high_numpy
+    b = space.backend
+    if lo_np.dtype.kind == "f":
+        unbounded = bool(np.all(np.isneginf(lo_np)) and np.all(np.isposinf(hi_np)))
+    else:
+        dlo, dhi = int_range(dtype_name(b, space.dtype))
+        unbounded = bool(np.all(lo_np == dlo) and np.all(hi_np == dhi))
+    lo: Any = None
+    hi: Any = None
+    if not unbounded:
+        lo, hi = _constant(lo_np), _constant(hi_np)
+        if lo is None or hi is None:
+            lo, hi = space.low, space.high
+    if len(_BOUNDS) >= _BOUNDS_MAX:
+        _BOUNDS.pop(next(iter(_BOUNDS)))
+    _BOUNDS[id(space)] = (space, lo, hi)
+    return lo, hi
+
+
+def check_bounds(space: BoxSpace, arr: Any, who: str) -> None:
+    """ValueError naming the first value outside `[low, high]` (NaN never lies inside a bounded box)."""
+    lo, hi = box_bounds(space)
+    if lo is None:
+        return
+    b = space.backend
+    if not isinstance(lo, (int, float)):
+        dev = b.device(arr)
+        lo, hi = b.to_device(lo, dev), b.to_device(hi, dev)
+    ok = b.logical_and(arr >= lo, arr <= hi)
+    if all_true(b, ok):
+        return
+    pos, val = _first_false(b, arr, ok)
+    shape = tuple(space.shape)
+    lo_full = np.broadcast_to(space.low_numpy, shape)
+    hi_full = np.broadcast_to(space.high_numpy, shape)
+    inner = pos[len(pos) - len(shape):] if shape else ()
+    inner = tuple(0 if s == 1 else p for p, s in zip(inner, shape))
+    raise ValueError(f"{who}: value {val!r} at position {pos} is outside the source space bounds "
+                     f"[{lo_full[inner].item()!r}, {hi_full[inner].item()!r}]")
+
+
+def require_box(space: Any, who: str) -> BoxSpace:
+    if isinstance(space, BinarySpace) or not isinstance(space, BoxSpace):
+        raise TypeError(f"{who} applies to BoxSpace only, got {type(space).__name__}")
+    return space
+
+
+def params_array(value: Any, what: str) -> np.ndarray:
+    """A finite float64 parameter array (scalar, nested list, NumPy or backend array); axes along which it is
+    constant are collapsed to size 1 (the rank, and so the broadcasting, is kept)."""
+    if type(value).__module__.split(".")[0] in ("torch", "jax", "jaxlib"):
+        from unienv_interface.backends import get_backend_from_tensor
+        value = get_backend_from_tensor(value).to_numpy(value)
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a number or an array of numbers, got {value!r}")
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a number or an array of numbers, got {str(value)[:80]}") from None
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{what} must be finite, got {arr.tolist()}")
+    for axis in range(arr.ndim):
+        if arr.shape[axis] > 1:
+            first = np.take(arr, [0], axis=axis)
+            if np.array_equal(arr, np.broadcast_to(first, arr.shape)):
+                arr = first
+    return np.ascontiguousarray(arr)
+
+
+def params_to_json(arr: np.ndarray) -> Any:
+    return arr.item() if arr.ndim == 0 else arr.tolist()
+
+
+def prefixed(exc: Exception, prefix: str) -> Exception:
+    """An exception of the same kind as `exc` whose message starts with `prefix` (for errors of nested members)."""
+    msg = f"{prefix}: {exc.args[0] if len(exc.args) == 1 else exc}"
+    try:
+        return type(exc)(msg)
+    except Exception:  # noqa: BLE001 - exception types with other constructors
+        return (TypeError if isinstance(exc, TypeError) else ValueError)(msg)

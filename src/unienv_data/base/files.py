@@ -113,6 +113,8 @@ def confined_path(root: PathLike, relative: Any, what: str) -> str:
         raise StorageFormatError(f"{what}: path {relative!r} must be relative to the dataset directory")
     root_real = os.path.realpath(os.fspath(root))
     full = os.path.realpath(os.path.join(root_real, relative))
-    if full != root_real and not full.startswith(root_real + os.sep):
+    if full == root_real:
+        raise StorageFormatError(f"{what}: path {relative!r} names the dataset directory itself, not a file in it")
+    if not full.startswith(root_real + os.sep):
         raise StorageFormatError(f"{what}: path {relative!r} points outside the dataset directory {root}")
     return os.path.join(os.fspath(root), relative)

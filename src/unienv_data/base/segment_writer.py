@@ -152,6 +152,7 @@ class MappedSegmentWriter(SegmentWriter):
     def commit(self, start_index: int) -> None:
         if self._state in (_COMMITTED, _ABORTED):
             raise StorageStateError(f"Cannot commit a segment writer that was already {self._state}")
+        self.storage._check_writable()   # the outer storage may be closed while its inner one lives on
         self.inner_writer.commit(start_index)
         self._state = _COMMITTED
 

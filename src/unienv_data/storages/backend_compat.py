@@ -310,7 +310,7 @@ class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def open_segment_writer(self) -> SegmentWriter:
         """A writer that converts appended elements to the inner backend and writes them on `commit(start)`."""
         self._check_writable()
-        return _OuterCheckedWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
+        return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
 
     # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
     def _segment_log(self) -> Any:
@@ -374,13 +374,6 @@ class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         ToBackendOrDeviceStorage.__init__(self, state["space"], state["inner"], state["inner_path"], state["cache"])
         self._owns_inner = state["owns"]
 
-
-class _OuterCheckedWriter(MappedSegmentWriter):
-    """A MappedSegmentWriter that refuses to commit once its outer storage is closed or read-only."""
-
-    def commit(self, start_index: int) -> None:
-        self.storage._check_writable()
-        super().commit(start_index)
 
 
 __all__ = ["ToBackendOrDeviceStorage", "METADATA_FILE"]

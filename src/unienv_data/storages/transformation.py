@@ -348,7 +348,7 @@ class TransformedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def open_segment_writer(self) -> SegmentWriter:
         """A writer whose appended elements are checked and transformed at once and written on `commit(start)`."""
         self._check_writable()
-        return _OuterCheckedWriter(self, self.inner_storage.open_segment_writer(), self._forward)
+        return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._forward)
 
     # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
     def _segment_log(self) -> Any:
@@ -414,14 +414,6 @@ class TransformedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
                                     state["cache"])
         self._owns_inner = state["owns"]
 
-
-class _OuterCheckedWriter(MappedSegmentWriter):
-    """A MappedSegmentWriter that refuses to commit once its outer storage is closed or read-only (the inner
-    storage may outlive the wrapper when the wrapper does not own it)."""
-
-    def commit(self, start_index: int) -> None:
-        self.storage._check_writable()
-        super().commit(start_index)
 
 
 __all__ = ["TransformedStorage", "METADATA_FILE", "LEGACY_PICKLE_FILE"]

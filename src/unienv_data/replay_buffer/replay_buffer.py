@@ -321,7 +321,30 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Physical storage index of logical `index` (an int, a slice when contiguous, else an int64 array)."""
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
+        fast = self._fast_array_index(index, count, offset)
+        if fast is not None:
+            return fast
         return self._physical(normalize_index(index, count, "ReplayBuffer"), offset)
+
+    def _fast_array_index(self, index: Any, count: int, offset: int) -> Optional[np.ndarray]:
+        """Physical rows of a 1-D integer index array when the ring is full (the sampling hot path), else None."""
+        if type(index).__module__.startswith("torch"):
+            try:
+                index = index.numpy()
+            except Exception:
+                return None
+        if not (isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.size):
+            return None
+        st = self.storage
+        cap = None if st is None else st.capacity
+        if cap is None or count != cap:
+            return None
+        if offset == 0:
+            return index          # the storage's own gather checks the range (negatives count from the end)
+        lo, hi = int(index.min()), int(index.max())
+        if lo < -count or hi >= count:
+            return None           # the slow path names the offending index
+        return (index.astype(np.int64, copy=False) + offset) % cap
 
     def _physical(self, norm: NormalizedIndex, offset: int) -> Union[int, slice, np.ndarray]:
         cap = self._st().capacity

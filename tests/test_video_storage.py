@@ -18,7 +18,7 @@ pytest.importorskip("av")
 from conformance import STATE_ERRORS, StorageConformance, expect_error  # noqa: E402
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError  # noqa: E402
-from unienv_data.storages import video_storage as vs_mod  # noqa: E402
+from unienv_data.storages import _video_codec as codec_mod  # noqa: E402
 from unienv_data.storages.video_storage import VideoStorage  # noqa: E402
 from unienv_interface.backends import NumpyComputeBackend as NB  # noqa: E402
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E402
@@ -150,7 +150,7 @@ def test_importing_the_package_loads_neither_pyav_nor_pillow() -> None:
 
 
 def test_missing_pyav_names_the_extra(monkeypatch: Any, tmp_path: Any) -> None:
-    monkeypatch.setattr(vs_mod, "_AV", None)
+    monkeypatch.setattr(codec_mod, "_AV", None)
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(ModuleNotFoundError, match=r"unienv-storage\[video\]"):
         new(tmp_path)
@@ -260,7 +260,7 @@ def test_auto_software_only_and_lossless(tmp_path: Any) -> None:
     assert sw.codec in ("libx264", "libsvtav1", "mpeg4") and not sw.is_exact
     try:
         hw = new(tmp_path, "hw", codec="auto", lossless=False, hardware_acceleration="required")
-        assert hw.codec in vs_mod._HARDWARE  # a machine whose hardware encoder really works
+        assert hw.codec in codec_mod.HARDWARE_ENCODERS  # a machine whose hardware encoder really works
     except RuntimeError as exc:
         assert "no hardware encoder" in str(exc) and "tried" in str(exc)
     mkv = new(tmp_path, "mkv", codec="auto", lossless=True, file_ext="mkv")

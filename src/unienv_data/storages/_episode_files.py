@@ -1,6 +1,7 @@
-"""Helpers shared by the storages that keep rows in files of their own (`VideoStorage`: one file per written run,
-`ImageStorage`: one file per row): optional imports, image-space checks, new directories, temporary files, atomic
-placement of files, run arithmetic, and `RunFileIndex`, the map from physical rows to `(file, frame)`.
+"""What the storages that keep rows in files of their own share (`VideoStorage`: one file per written run,
+`ImageStorage`: one file per row): optional imports, argument and image-space checks, new directories, temporary
+files, atomic placement of files, run arithmetic, and `FileRowStorage`, their common base class (length, reads into
+the space's backend, the checks of `create` / `load_from`, the row arithmetic of `set` / `shrink_length` / `dumps`).
 
 Files are never modified in place: a file is written under a hidden temporary name and renamed into place, so
 hard links (used by `dumps` into another directory) never see a later change.
@@ -12,14 +13,20 @@ import os
 import shutil
 import threading
 import uuid
+from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
-from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import PathLike, check_format_version, read_json
+from unienv_data.base.indexing import normalize_index
+from unienv_data.base.registry import storage_type_name
+from unienv_data.base.segments import SegmentLog
+from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BoxSpace, Space
 
 T = TypeVar("T")
@@ -48,6 +55,13 @@ def check_capacity(capacity: Any) -> Optional[int]:
     if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or int(capacity) <= 0:
         raise ValueError(f"capacity must be a positive int or None (growable), got {capacity!r}")
     return int(capacity)
+
+
+def check_count(value: Any, name: str, minimum: int) -> int:
+    """An int >= `minimum` (bools refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def image_shape(space: Any, user: str) -> Tuple[int, int, int]:
@@ -185,6 +199,16 @@ def last_occurrences(positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return uniq.astype(np.int64), (positions.size - 1 - first_rev).astype(np.int64)
 
 
+def copy_repeats(out: np.ndarray, rows: np.ndarray, first: np.ndarray, inverse: np.ndarray) -> None:
+    """Fills the rows of repeated keys from their first occurrence: `first` / `inverse` come from
+    `np.unique(keys, return_index=True, return_inverse=True)`, `keys[k]` is read into `out[rows[k]]`, and only the
+    rows `rows[first]` are filled yet."""
+    if first.size != rows.size:
+        src = rows[first[inverse]]
+        dup = src != rows
+        out[rows[dup]] = out[src[dup]]
+
+
 def consecutive_runs(sorted_positions: np.ndarray) -> List[Tuple[int, int]]:
     """`(offset, length)` of each maximal run of consecutive values in a sorted unique array."""
     n = int(sorted_positions.size)
@@ -237,178 +261,202 @@ def describe_rows(positions: Iterable[int]) -> str:
     return str(rows)
 
 
-# ---------------------------------------------------------------------------------------------------- row -> file map
-@dataclass
-class EpisodeFile:
-    """One immutable file of consecutive frames. `uid` identifies its content across copies (dumps)."""
-
-    name: str
-    frames: int
-    nbytes: int
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    keyframes: Optional[List[int]] = None   #: frame numbers of keyframes (None: unknown, always seek)
-    refs: int = 0                           #: rows that currently read from this file
-
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"frames": self.frames, "bytes": self.nbytes, "uid": self.uid}
-        if self.keyframes is not None:
-            out["keyframes"] = list(self.keyframes)
-        return out
+# ---------------------------------------------------------------------------------------------------- storage base
+def check_stored_shape(meta: Dict[str, Any], space: Space, directory: str, what: str) -> None:
+    """The metadata's "shape" and "dtype" must be the space's shape and uint8 (ValueError otherwise)."""
+    want = list(space.shape or ())
+    if meta["shape"] != want or meta["dtype"] != "uint8":
+        raise ValueError(f"{directory} holds {meta['dtype']} {what} of shape {meta['shape']}, but the space asks for "
+                         f"uint8 {want}")
 
 
-class RunFileIndex:
-    """Which file and frame every physical row reads from (`-1`: the row was never written and reads as zeros).
+def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], int]:
+    """`(capacity, length)` of a storage's metadata: a positive int or None, and an int >= 0 equal to a fixed
+    capacity; anything else raises StorageFormatError naming `where`."""
+    cap, length = meta["capacity"], meta["length"]
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0):
+        raise StorageFormatError(f"{where}: invalid capacity {cap!r}")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0 or (cap is not None and length != cap):
+        raise StorageFormatError(f"{where}: invalid length {length!r} for capacity {cap!r}")
+    return cap, length
 
-    A new file placed on rows takes them over; rows of older files it covers are simply re-pointed, so a file only
-    partly overwritten keeps serving its other rows without being rewritten (no re-encoding, no generation loss).
-    A file that no row points to any more is returned to the caller for deletion.
-    """
 
-    def __init__(self, n_rows: int) -> None:
-        self.row_file = np.full(n_rows, -1, dtype=np.int32)
-        self.row_frame = np.zeros(n_rows, dtype=np.int32)
-        self.files: Dict[int, EpisodeFile] = {}
-        self._next_id = 0
+class FileRowStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+    """The part `VideoStorage` and `ImageStorage` share: the rows of a uint8 image space kept in files of one
+    directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
+    opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows
+    (`get_numpy`)."""
 
-    @property
-    def n_rows(self) -> int:
-        return int(self.row_file.shape[0])
+    single_file_ext: Optional[str] = None
 
-    def names(self) -> Dict[str, int]:
-        return {f.name: fid for fid, f in self.files.items()}
+    def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,
+                 segments: SegmentLog, read_only: bool, exact: bool, value_name: str) -> None:
+        super().__init__(single_instance_space)
+        self._shape = image_shape(single_instance_space, type(self).__name__)
+        self._frame_shape = tuple(int(d) for d in (single_instance_space.shape or ()))
+        self._dir = directory
+        self._capacity = capacity
+        self._length = capacity if capacity is not None else length
+        self._segments = segments
+        self._read_only = read_only
+        self._conv = LeafConverter(single_instance_space, value_name)
+        box: BoxSpace = single_instance_space  # type: ignore[assignment]
+        self._clip = None if (exact or full_range(box)) else (box.low_numpy, box.high_numpy)
+        self._meta_dirty = False
 
-    def snapshot(self) -> Tuple[np.ndarray, np.ndarray, Dict[int, EpisodeFile], Dict[int, int], int]:
-        """State to `restore` after a failed change."""
-        return (self.row_file.copy(), self.row_frame.copy(), dict(self.files),
-                {fid: f.refs for fid, f in self.files.items()}, self._next_id)
-
-    def restore(self, snap: Tuple[np.ndarray, np.ndarray, Dict[int, EpisodeFile], Dict[int, int], int]) -> None:
-        self.row_file, self.row_frame, self.files, refs, self._next_id = snap
-        self.files = dict(self.files)
-        for fid, f in self.files.items():
-            f.refs = refs[fid]
-
-    def _release_rows(self, rows: np.ndarray) -> List[EpisodeFile]:
-        """Un-points `rows`; returns the files no row points to any more."""
-        old = self.row_file[rows]
-        old = old[old >= 0]
-        freed: List[EpisodeFile] = []
-        if old.size:
-            ids, counts = np.unique(old, return_counts=True)
-            for fid, cnt in zip(ids.tolist(), counts.tolist()):
-                f = self.files[fid]
-                f.refs -= cnt
-                if f.refs <= 0:
-                    freed.append(self.files.pop(fid))
-        self.row_file[rows] = -1
-        self.row_frame[rows] = 0
-        return freed
-
-    def place(self, file: EpisodeFile, rows: np.ndarray, first_frame: int = 0) -> List[EpisodeFile]:
-        """Points `rows[k]` at frame `first_frame + k` of `file`; returns the files that became unreferenced."""
-        freed = self._release_rows(rows)
-        fid = self._next_id
-        self._next_id += 1
-        file.refs = int(rows.size)
-        self.files[fid] = file
-        self.row_file[rows] = fid
-        self.row_frame[rows] = np.arange(first_frame, first_frame + rows.size, dtype=np.int32)
-        return freed
-
-    def resize(self, n_rows: int) -> List[EpisodeFile]:
-        """Grows (new rows unwritten) or shrinks (rows past the end released); returns freed files."""
-        cur = self.n_rows
-        if n_rows == cur:
-            return []
-        if n_rows > cur:
-            self.row_file = np.concatenate([self.row_file, np.full(n_rows - cur, -1, dtype=np.int32)])
-            self.row_frame = np.concatenate([self.row_frame, np.zeros(n_rows - cur, dtype=np.int32)])
-            return []
-        freed = self._release_rows(np.arange(n_rows, cur, dtype=np.int64))
-        self.row_file = self.row_file[:n_rows].copy()
-        self.row_frame = self.row_frame[:n_rows].copy()
-        return freed
-
-    def clear(self) -> List[EpisodeFile]:
-        freed = list(self.files.values())
-        self.files = {}
-        self.row_file[:] = -1
-        self.row_frame[:] = 0
-        return freed
-
-    # ------------------------------------------------------------------ persistence
-    def runs(self) -> List[List[Any]]:
-        """`[[row, length, file name, first frame], ...]`: maximal stretches of rows reading consecutive frames of
-        one file."""
-        rf, fr = self.row_file, self.row_frame
-        n = rf.shape[0]
-        if n == 0:
-            return []
-        brk = np.ones(n, dtype=bool)
-        brk[1:] = (rf[1:] != rf[:-1]) | (fr[1:] != fr[:-1] + 1)
-        starts = np.flatnonzero(brk)
-        ends = np.append(starts[1:], n)
-        out: List[List[Any]] = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            fid = int(rf[s])
-            if fid >= 0:
-                out.append([s, e - s, self.files[fid].name, int(fr[s])])
-        return out
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"files": {f.name: f.to_json() for f in self.files.values()}, "runs": self.runs()}
+    # ------------------------------------------------------------------ arguments of create / load_from
+    @classmethod
+    def _check_create_args(cls, space: Space, args: Sequence[Any], kwargs: Dict[str, Any], capacity: Any,
+                           multiprocessing: bool) -> Tuple[Tuple[int, int, int], Optional[int]]:
+        """`(image shape, capacity)` for `create()`, refusing extra arguments and a multiprocessing writer."""
+        reject_extra_args(f"{cls.__name__}.create()", args, kwargs)
+        shape = image_shape(space, cls.__name__)
+        cap = check_capacity(capacity)
+        if multiprocessing:
+            raise ValueError(f"{cls.__name__} is written by one process: create it with multiprocessing=False and hand "
+                             "read-only copies (load_from(read_only=True) or pickling) to reader processes")
+        return shape, cap
 
     @classmethod
-    def from_json(cls, files: Any, runs: Any, n_rows: int, where: str) -> "RunFileIndex":
-        """Rebuilds the index from metadata, validating every entry (StorageFormatError names the bad one)."""
-        if not isinstance(files, dict):
-            raise StorageFormatError(f"{where}: 'files' must be an object mapping file names to their description")
-        if not isinstance(runs, list):
-            raise StorageFormatError(f"{where}: 'runs' must be a list of [row, length, file, first frame] entries")
-        idx = cls(n_rows)
-        by_name: Dict[str, int] = {}
-        for name, desc in files.items():
-            ok = isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name and isinstance(desc, dict)
-            frames = desc.get("frames") if ok else None
-            nbytes = desc.get("bytes") if ok else None
-            uid = desc.get("uid", "") if ok else None
-            kf = desc.get("keyframes") if ok else None
-            ok = ok and _is_count(frames, 1) and _is_count(nbytes, 0) and isinstance(uid, str)
-            if ok and kf is not None:
-                ok = isinstance(kf, list) and all(_is_count(k, 0) and k < frames for k in kf)  # type: ignore[operator]
-            if not ok:
-                raise StorageFormatError(f"{where}: file entry {name!r} = {desc!r} is not valid")
-            fid = idx._next_id
-            idx._next_id += 1
-            idx.files[fid] = EpisodeFile(name, int(frames), int(nbytes), uid or uuid.uuid4().hex,  # type: ignore[arg-type]
-                                         sorted(int(k) for k in kf) if kf is not None else None)
-            by_name[name] = fid
-        for i, run in enumerate(runs):
-            ok = (isinstance(run, list) and len(run) == 4 and _is_count(run[0], 0) and _is_count(run[1], 1)
-                  and isinstance(run[2], str) and _is_count(run[3], 0))
-            if ok:
-                row, length, name, frame0 = run
-                ok = row + length <= n_rows and name in by_name and frame0 + length <= idx.files[by_name[name]].frames
-            if not ok:
-                raise StorageFormatError(f"{where}: run entry {i} = {run!r} is not a valid [row, length, file, first "
-                                         f"frame] within {n_rows} rows and the listed files")
-            sl = slice(run[0], run[0] + run[1])
-            if np.any(idx.row_file[sl] >= 0):
-                raise StorageFormatError(f"{where}: run entry {i} = {run!r} overlaps an earlier run")
-            fid = by_name[run[2]]
-            idx.row_file[sl] = fid
-            idx.row_frame[sl] = np.arange(run[3], run[3] + run[1], dtype=np.int32)
-            idx.files[fid].refs += run[1]
-        for fid in [fid for fid, f in idx.files.items() if f.refs == 0]:
-            del idx.files[fid]  # listed but unused (left by an interrupted change): ignored
-        return idx
+    def _check_load_args(cls, space: Space, kwargs: Dict[str, Any], read_only: bool,
+                         multiprocessing: bool) -> Tuple[int, int, int]:
+        """The image shape for `load_from()`, refusing extra arguments and a writable multiprocessing open."""
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
+        shape = image_shape(space, cls.__name__)
+        if multiprocessing and not read_only:
+            raise ValueError(f"{cls.__name__} is written by one process: multiprocessing=True needs read_only=True")
+        return shape
 
+    @classmethod
+    def _read_directory(cls, path: PathLike, metadata_file: str) -> Tuple[str, str, Dict[str, Any], int]:
+        """`(directory, metadata path, metadata, format version)` of an existing storage directory."""
+        directory = os.fspath(path)
+        if not os.path.isdir(directory):
+            raise StorageNotFoundError(f"{cls.__name__} directory not found: {directory}")
+        meta_path = os.path.join(directory, metadata_file)
+        meta = read_json(meta_path, f"{cls.__name__} metadata")
+        return directory, meta_path, meta, check_format_version(meta, meta_path)
 
-def _is_count(v: Any, minimum: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+    @classmethod
+    def _check_storage_type(cls, meta: Dict[str, Any], where: str) -> None:
+        if meta["storage_type"] not in (storage_type_name(cls), cls.__name__):
+            article = "an" if cls.__name__[:1] in "AEIOU" else "a"
+            raise StorageFormatError(f"{where} describes a {meta['storage_type']!r}, not {article} {cls.__name__}")
 
+    def _check_loaded_capacity(self, capacity: Any) -> None:
+        """A `capacity` passed to `load_from()` must be the one the storage was written with."""
+        cap_arg = check_capacity(capacity)
+        if cap_arg is not None and cap_arg != self._capacity:
+            hint = ("omit capacity (the storage is growable)" if self._capacity is None
+                    else f"pass capacity={self._capacity} or omit it")
+            raise ValueError(f"{self._dir} was written with capacity {self._capacity}, not {cap_arg}: {hint}")
 
-__all__ = ["TEMP_PREFIX", "import_optional", "check_capacity", "image_shape", "full_range", "reject_extra_args",
-           "prepare_new_directory", "temp_file_path", "is_temp_name", "remove_quietly", "place_copy", "same_file",
-           "io_map", "last_occurrences", "consecutive_runs", "mask_to_runs", "runs_to_mask", "ring_positions",
-           "describe_rows", "EpisodeFile", "RunFileIndex"]
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> Optional[int]:
+        return self._capacity
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def cache_filename(self) -> Optional[str]:
+        return self._dir
+
+    @property
+    def is_mutable(self) -> bool:
+        return not self._read_only
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        """True when opened read-only: readers in other processes then see the same files (several writing processes
+        would race on the metadata)."""
+        return self._read_only
+
+    def _segment_log(self) -> Optional[SegmentLog]:
+        return self._segments
+
+    # ------------------------------------------------------------------ metadata
+    @abstractmethod
+    def _write_metadata(self) -> None:
+        """Writes the metadata file of the storage directory (atomically)."""
+
+    @property
+    def _dirty(self) -> bool:
+        """Whether the metadata file is behind the storage."""
+        return self._meta_dirty
+
+    def flush(self) -> None:
+        """Writes pending metadata (changes a commit did not write already)."""
+        self._check_open()
+        if not self._read_only and self._dirty:
+            self._write_metadata()
+
+    # ------------------------------------------------------------------ reads
+    @abstractmethod
+    def get_numpy(self, index: Any) -> np.ndarray:
+        """Rows at `index` as a fresh uint8 NumPy array (with a leading batch axis unless the index is an int)."""
+
+    def _zeros(self, n: Optional[int]) -> np.ndarray:
+        return np.zeros(self._frame_shape if n is None else (n,) + self._frame_shape, dtype=np.uint8)
+
+    def _finish_read(self, out: np.ndarray) -> np.ndarray:
+        if self._clip is not None:
+            np.clip(out, self._clip[0], self._clip[1], out=out)
+        return out
+
+    def get(self, index: Any) -> Any:
+        """Row(s) at `index` as arrays of the space's backend (`get_numpy`); rows never written read as zeros."""
+        sp = self.single_instance_space
+        return sp.backend.from_numpy(self.get_numpy(index), device=sp.device)
+
+    # ------------------------------------------------------------------ writes
+    def _rows_to_write(self, index: Any, value: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """`(rows, values)` that `set(index, value)` writes: the values checked (shape, dtype), the rows of a batch
+        unique and sorted (duplicates: the last one wins); None when the index addresses no row."""
+        norm = normalize_index(index, self._length, type(self).__name__)
+        if norm.single is not None:
+            return np.array([norm.single], dtype=np.int64), self._conv.convert(value, ())[None]
+        n = norm.count()
+        arr = self._conv.convert(value, (n,))
+        if n == 0:
+            return None
+        pos = norm.positions()
+        if n > 1:
+            pos, src = last_occurrences(pos)
+            if pos.size != n or np.any(src != np.arange(n)):
+                arr = arr[src]
+        return pos, arr
+
+    def _shrunk_length(self, length: Any) -> Optional[int]:
+        """The new length of `shrink_length(length)` (None when nothing changes: a fixed capacity, or 0 rows); an
+        open segment reaching past it is aborted."""
+        self._check_writable()
+        if self._capacity is not None:
+            return None
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
+            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
+        if not length:
+            return None
+        new_len = self._length - int(length)
+        if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
+            self.abort_segment()
+        return new_len
+
+    def _dump_target(self, path: PathLike) -> Optional[str]:
+        """The directory `dumps(path)` writes into (created), or None when `path` is this storage's own directory
+        (then only pending metadata is written)."""
+        self._check_open()
+        target = os.fspath(path)
+        if os.path.isdir(target) and same_file(target, self._dir):
+            if not self._read_only:
+                self._write_metadata()
+            return None
+        os.makedirs(target, exist_ok=True)
+        return target
+
+__all__ = ["TEMP_PREFIX", "import_optional", "check_capacity", "check_count", "image_shape", "full_range",
+           "reject_extra_args", "prepare_new_directory", "temp_file_path", "is_temp_name", "remove_quietly", "place_copy",
+           "same_file", "io_map", "last_occurrences", "copy_repeats", "consecutive_runs", "mask_to_runs", "runs_to_mask",
+           "ring_positions", "describe_rows", "check_stored_shape", "check_rows_fields", "FileRowStorage"]

@@ -21,23 +21,20 @@ the segment ends (a crash before that loses only the open segment).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, read_json,
-                                    require_fields)
+from unienv_data.base.files import FORMAT_VERSION, PathLike, atomic_write_json, read_json, require_fields
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
-from unienv_data.base.values import LeafConverter
-from unienv_interface.space import BoxSpace, Space
+from unienv_interface.space import Space
 
-from ._episode_files import (check_capacity, full_range, image_shape, import_optional, io_map, last_occurrences,
-                             mask_to_runs, place_copy, prepare_new_directory, remove_quietly, runs_to_mask, same_file,
-                             temp_file_path)
+from ._episode_files import (FileRowStorage, check_rows_fields, check_stored_shape, copy_repeats, image_shape,
+                             import_optional, io_map, mask_to_runs, place_copy, prepare_new_directory, remove_quietly,
+                             runs_to_mask, temp_file_path)
 
 METADATA_FILE = "image_metadata.json"
 _FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
@@ -55,7 +52,7 @@ def _check_quality(quality: Any) -> int:
 
 
 @register_storage
-class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class ImageStorage(FileRowStorage):
     """Rows of a (H, W, 3) or (H, W) uint8 BoxSpace, one image file each (see the module docstring).
 
     `create(space, *, format="PNG", quality=75, lossless=None, compress_level=1, image_options=None, capacity=None,
@@ -64,29 +61,16 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     Pickling gives a read-only copy (for reader processes); `is_multiprocessing_safe` when opened read-only.
     """
 
-    single_file_ext: Optional[str] = None
-
     def __init__(self, single_instance_space: Space, directory: str, fmt: str, save_options: Dict[str, Any],
                  exact: bool, capacity: Optional[int], length: int, written: np.ndarray, segments: SegmentLog, *,
                  read_only: bool = False, quality: int = 75) -> None:
-        super().__init__(single_instance_space)
-        self._shape = image_shape(single_instance_space, type(self).__name__)
-        self._frame_shape = tuple(int(d) for d in (single_instance_space.shape or ()))
-        self._dir = directory
+        super().__init__(single_instance_space, directory, capacity, length, segments, read_only, exact, "image")
         self._fmt = fmt
         self._ext = _FORMATS[fmt]
         self._save_options = dict(save_options)
         self._exact = exact
         self._quality = quality
-        self._capacity = capacity
-        self._length = capacity if capacity is not None else length
         self._written = written
-        self._segments = segments
-        self._read_only = read_only
-        self._conv = LeafConverter(single_instance_space, "image")
-        box: BoxSpace = single_instance_space  # type: ignore[assignment]
-        self._clip = None if (exact or full_range(box)) else (box.low_numpy, box.high_numpy)
-        self._meta_dirty = False
         self._saved_log_version = segments.version
         self._Image = _pil_image()
 
@@ -97,16 +81,7 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
                quality: int = 75, lossless: Optional[bool] = None, compress_level: int = 1,
                image_options: Optional[Dict[str, Any]] = None, **kwargs: Any) -> "ImageStorage":
         """A new, empty storage in the directory `cache_path` (created; it must not hold files already)."""
-        name = f"{cls.__name__}.create()"
-        if args:
-            raise TypeError(f"{name} takes no extra positional arguments, got {args!r}")
-        if kwargs:
-            raise TypeError(f"{name} got unexpected keyword argument(s) {sorted(kwargs)}")
-        image_shape(single_instance_space, cls.__name__)
-        cap = check_capacity(capacity)
-        if multiprocessing:
-            raise ValueError("ImageStorage is written by one process: create it with multiprocessing=False and hand "
-                             "read-only copies (load_from(read_only=True) or pickling) to reader processes")
+        _shape, cap = cls._check_create_args(single_instance_space, args, kwargs, capacity, multiprocessing)
         fmt = str(format).upper()
         fmt = _FORMAT_ALIASES.get(fmt, fmt)
         if fmt not in _FORMATS:
@@ -144,38 +119,21 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
         Directories written by the reference (no format_version) open too: a row counts as written when its file
         exists."""
-        if kwargs:
-            raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
-        image_shape(single_instance_space, cls.__name__)
-        if multiprocessing and not read_only:
-            raise ValueError("ImageStorage is written by one process: multiprocessing=True needs read_only=True")
-        directory = os.fspath(path)
-        if not os.path.isdir(directory):
-            raise StorageNotFoundError(f"ImageStorage directory not found: {directory}")
-        meta_path = os.path.join(directory, METADATA_FILE)
-        meta = read_json(meta_path, "ImageStorage metadata")
-        version = check_format_version(meta, meta_path)
+        cls._check_load_args(single_instance_space, kwargs, read_only, multiprocessing)
+        directory, meta_path, meta, version = cls._read_directory(path, METADATA_FILE)
         st = cls._from_metadata(directory, meta, meta_path, single_instance_space, read_only, version)
-        cap_arg = check_capacity(capacity)
-        if cap_arg is not None and cap_arg != st._capacity:
-            hint = "omit capacity (the storage is growable)" if st._capacity is None else f"pass capacity={st._capacity} or omit it"
-            raise ValueError(f"{directory} was written with capacity {st._capacity}, not {cap_arg}: {hint}")
+        st._check_loaded_capacity(capacity)
         return st
 
     @classmethod
     def _from_metadata(cls, directory: str, meta: Dict[str, Any], where: str, space: Space, read_only: bool,
                        version: int) -> "ImageStorage":
         require_fields(meta, ("storage_type", "format", "capacity", "length"), where)
-        if meta["storage_type"] not in (storage_type_name(cls), cls.__name__):
-            raise StorageFormatError(f"{where} describes a {meta['storage_type']!r}, not an ImageStorage")
+        cls._check_storage_type(meta, where)
         fmt = _FORMAT_ALIASES.get(str(meta["format"]).upper(), str(meta["format"]).upper())
         if fmt not in _FORMATS:
             raise StorageFormatError(f"{where}: unknown image format {meta['format']!r}")
-        cap, length = meta["capacity"], meta["length"]
-        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0):
-            raise StorageFormatError(f"{where}: invalid capacity {cap!r}")
-        if not isinstance(length, int) or isinstance(length, bool) or length < 0 or (cap is not None and length != cap):
-            raise StorageFormatError(f"{where}: invalid length {length!r} for capacity {cap!r}")
+        cap, length = check_rows_fields(meta, where)
         n_rows = cap if cap is not None else length
         quality = meta.get("quality", 75)
         if version == 0:
@@ -187,11 +145,8 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             segments = SegmentLog(cap)
         else:
             require_fields(meta, ("shape", "dtype", "written", "segments", "save_options", "lossless"), where)
-            shape = image_shape(space, cls.__name__)
-            want = list(space.shape or ())
-            if meta["shape"] != want or meta["dtype"] != "uint8":
-                raise ValueError(f"{directory} holds {meta['dtype']} images of shape {meta['shape']}, but the space asks "
-                                 f"for uint8 {want}")
+            image_shape(space, cls.__name__)
+            check_stored_shape(meta, space, directory, "images")
             if not isinstance(meta["save_options"], dict):
                 raise StorageFormatError(f"{where}: 'save_options' must be an object")
             written = runs_to_mask(meta["written"], n_rows, f"{where} 'written'")
@@ -203,26 +158,6 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
-    def cache_filename(self) -> Optional[str]:
-        return self._dir
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        """True when opened read-only (several writing processes would race on the metadata)."""
-        return self._read_only
-
-    @property
     def format(self) -> str:
         return self._fmt
 
@@ -230,9 +165,6 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def is_exact(self) -> bool:
         """Whether images read back bit-exactly (PNG, lossless WebP)."""
         return self._exact
-
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     def _path(self, row: int) -> str:
         return os.path.join(self._dir, f"{row}.{self._ext}")
@@ -252,13 +184,8 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     @property
     def _dirty(self) -> bool:
+        """Rows appended to a still-open segment count too: `flush()` records them."""
         return self._meta_dirty or self._segments.version != self._saved_log_version
-
-    def flush(self) -> None:
-        """Writes pending metadata (rows appended to a still-open segment are recorded too)."""
-        self._check_open()
-        if not self._read_only and self._dirty:
-            self._write_metadata()
 
     # ------------------------------------------------------------------ reads
     def _read_row(self, row: int) -> np.ndarray:
@@ -287,11 +214,9 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             arr = np.ascontiguousarray(arr[:, :, 1])  # WebP keeps gray as RGB with equal channels
         return arr.reshape(self._frame_shape)
 
-    def _zeros(self, n: Optional[int]) -> np.ndarray:
-        return np.zeros(self._frame_shape if n is None else (n,) + self._frame_shape, dtype=np.uint8)
-
     def get_numpy(self, index: Any) -> np.ndarray:
-        """Images at `index` as a fresh uint8 NumPy array; unwritten rows are zeros."""
+        """Images at `index` as a fresh uint8 NumPy array; unwritten rows are zeros. A written row whose file is
+        missing or damaged raises StorageNotFoundError / StorageFormatError naming the file."""
         self._check_open()
         norm = normalize_index(index, self._length, type(self).__name__)
         if norm.single is not None:
@@ -309,22 +234,8 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
                 out[dest[j]] = self._read_row(int(uniq[j]))
 
             io_map(read_into, list(range(int(uniq.size))), min_parallel=4)  # each file read once, in place
-            if uniq.size != sel.size:  # repeated rows: copy from the first occurrence
-                src = sel[first[inverse]]
-                dup = src != sel
-                out[sel[dup]] = out[src[dup]]
+            copy_repeats(out, sel, first, inverse)
         return self._finish_read(out)
-
-    def _finish_read(self, out: np.ndarray) -> np.ndarray:
-        if self._clip is not None:
-            np.clip(out, self._clip[0], self._clip[1], out=out)
-        return out
-
-    def get(self, index: Any) -> Any:
-        """Image(s) at `index` as arrays of the space's backend; a written row whose file is missing or damaged
-        raises StorageNotFoundError / StorageFormatError naming the file."""
-        sp = self.single_instance_space
-        return sp.backend.from_numpy(self.get_numpy(index), device=sp.device)
 
     # ------------------------------------------------------------------ writes
     def _encode_to_temp(self, arr: np.ndarray) -> str:
@@ -364,20 +275,9 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def set(self, index: Any, value: Any) -> None:
         """Checks the images (shape, dtype) and writes one file per addressed row (duplicates: the last one wins)."""
         self._check_writable()
-        norm = normalize_index(index, self._length, type(self).__name__)
-        if norm.single is not None:
-            self._write_rows(np.array([norm.single], dtype=np.int64), self._conv.convert(value, ())[None], True)
-            return
-        n = norm.count()
-        arr = self._conv.convert(value, (n,))
-        if n == 0:
-            return
-        pos = norm.positions()
-        if n > 1:
-            pos, src = last_occurrences(pos)
-            if pos.size != n or np.any(src != np.arange(n)):
-                arr = arr[src]
-        self._write_rows(pos, arr, True)
+        rows = self._rows_to_write(index, value)
+        if rows is not None:
+            self._write_rows(rows[0], rows[1], True)
 
     # ------------------------------------------------------------------ segments and writers
     def append(self, value: Any) -> None:
@@ -424,16 +324,9 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     def shrink_length(self, length: int) -> None:
         """Removes `length` rows (and their files) from the end of a growable storage; no-op for a fixed capacity."""
-        self._check_writable()
-        if self._capacity is not None:
+        new_len = self._shrunk_length(length)
+        if new_len is None:
             return
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
-            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
-        if not length:
-            return
-        new_len = self._length - int(length)
-        if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
-            self.abort_segment()
         gone = np.flatnonzero(self._written[new_len:]) + new_len
         self._written = self._written[:new_len].copy()
         self._length = new_len
@@ -461,13 +354,9 @@ class ImageStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def dumps(self, path: PathLike) -> None:
         """Writes the storage to `path`: its own directory only flushes the metadata; another directory gets
         hard links (or copies) of the image files, then its metadata."""
-        self._check_open()
-        target = os.fspath(path)
-        if os.path.isdir(target) and same_file(target, self._dir):
-            if not self._read_only:
-                self._write_metadata()
+        target = self._dump_target(path)
+        if target is None:
             return
-        os.makedirs(target, exist_ok=True)
         old_rows: np.ndarray = np.zeros(0, dtype=np.int64)
         old_meta_path = os.path.join(target, METADATA_FILE)
         old_ext = self._ext

@@ -1,0 +1,65 @@
+"""`VideoSegmentWriter`, the segment writer of `VideoStorage`: appended frames are encoded at once into a hidden
+temporary file of the storage directory (nothing is buffered in memory); `commit(start)` hands the file to the storage,
+which renames it into place and records it, `abort()` deletes it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from unienv_data.base.errors import StorageStateError
+from unienv_data.base.segment_writer import SegmentWriter
+
+from ._video_codec import FrameEncoder
+
+if TYPE_CHECKING:
+    from .video_storage import VideoStorage
+
+
+class VideoSegmentWriter(SegmentWriter):
+    """Encodes appended frames straight into a hidden temporary file; `commit(start)` renames it into place and
+    records it, `abort()` deletes it. Many writers may be open at once (each has its own file)."""
+
+    def __init__(self, storage: "VideoStorage") -> None:
+        super().__init__(storage)
+        self._vs = storage
+        self._encoder: Optional[FrameEncoder] = None
+        self._lost = False
+
+    def _append(self, value: Any) -> None:
+        vs = self._vs
+        vs._check_writable()
+        arr = vs._conv.convert_single(value)
+        if self._encoder is None:
+            if self._lost:
+                raise StorageStateError("this writer's frames were lost in a failed commit; abort it")
+            self._encoder = vs._new_encoder()
+        self._encoder.add(arr)
+
+    def _commit(self, start: int) -> None:
+        if self._length and self._encoder is None:
+            raise StorageStateError("this writer's frames were lost in a failed commit or when its storage was "
+                                    "closed; abort it")
+        self._vs._commit_encoder(self._encoder, start, self._length, self._forget_encoder)
+
+    def _forget_encoder(self) -> None:
+        """Called once the encoder's file is finished (committed or failed): it no longer belongs to the writer."""
+        self._encoder = None
+        self._lost = True
+
+    def _release_rows(self) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        if self._encoder is not None:
+            self._encoder.discard()
+            self._encoder = None
+            self._lost = True
+
+    def __del__(self) -> None:
+        try:
+            self._drop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["VideoSegmentWriter"]

@@ -81,8 +81,12 @@ def read_json(path: PathLike, what: str) -> Dict[str, Any]:
             data = json.load(f)
     except FileNotFoundError:
         raise StorageNotFoundError(f"{what} not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StorageFormatError(f"{what} at {path} is damaged (not valid JSON: {exc})") from None
+    except IsADirectoryError:
+        raise StorageFormatError(f"{what} at {path} is a directory, not a file") from None
+    except (ValueError, RecursionError) as exc:     # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise StorageFormatError(f"{what} at {path} is damaged (not valid JSON: {str(exc)[:200]})") from None
+    except OSError as exc:
+        raise StorageFormatError(f"{what} at {path} cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
     return data

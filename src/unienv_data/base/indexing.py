@@ -123,6 +123,10 @@ def normalize_index(index: Any, length: int, what: str = "storage") -> Normalize
         return NormalizedIndex(array=np.flatnonzero(arr).astype(np.int64, copy=False))
     if arr.dtype.kind not in _INT_KINDS:
         raise TypeError(f"index arrays must hold integers or booleans, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= length:
+        bad = int(np.flatnonzero(arr >= length)[0])
+        raise IndexError(f"index {int(arr[bad])} (at position {bad} of the index array) is out of range for "
+                         f"{what} of length {length} (valid: {-length}..{length - 1})")
     out = arr.astype(np.int64, copy=True)
     if out.size:
         lo, hi = int(out.min()), int(out.max())

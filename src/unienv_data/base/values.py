@@ -95,9 +95,12 @@ class LeafConverter:
             return value, False
         mod = type(value).__module__
         if mod.startswith("torch"):
-            t = value.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
+            try:
+                t = value.detach()
+                if t.device.type != "cpu":
+                    t = t.cpu()
+            except (RuntimeError, NotImplementedError, TypeError) as exc:
+                raise TypeError(f"{self.where}: cannot read the tensor's data ({exc}); pass a CPU tensor") from None
             name = str(t.dtype)
             if name == "torch.bfloat16":
                 if self.is_bf16:

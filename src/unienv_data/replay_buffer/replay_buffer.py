@@ -67,6 +67,15 @@ def _batch_length(value: Any, path: str = "") -> int:
     return next(iter(sizes.values()))
 
 
+def _slice_leaves(value: Any, slc: slice) -> Any:
+    """`value` with every array leaf sliced along its batch axis (structure and keys unchanged)."""
+    if isinstance(value, dict):
+        return {k: _slice_leaves(v, slc) for k, v in value.items()}
+    if isinstance(value, (tuple, list)) and not hasattr(value, "shape"):
+        return type(value)(_slice_leaves(v, slc) for v in value)
+    return value[slc]
+
+
 class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
@@ -333,7 +342,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                 index = index.numpy()
             except Exception:
                 return None
-        if not (isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.size):
+        if not (isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind == "i" and index.size):
             return None
         st = self.storage
         cap = None if st is None else st.capacity
@@ -452,8 +461,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         cap = st.capacity
         with self._state.locked():
             if cap is not None and n >= cap:
-                tail_values = batch_utils.get_at(batch_utils.batch_space(self.single_space, n), value,
-                                                 slice(n - cap, n))
+                tail_values = _slice_leaves(value, slice(n - cap, n))   # keeps every key: set() checks the key set
                 st.set(slice(0, cap), tail_values)       # checks everything before writing anything
                 st.forget_segments(0, cap)
                 self._drop_own_segments(0, cap)

@@ -69,35 +69,24 @@ This class is not thread-safe: call it from one thread at a time (a `PinnedPrefe
 from __future__ import annotations
 
 import collections
-import io
 import itertools
-import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import random
-import signal
-import sys
-import tempfile
 import time
-import traceback
-import uuid
 import warnings
 import weakref
-from multiprocessing.reduction import ForkingPickler
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Dict, Iterator, List, NoReturn, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from unienv_data.base.common import BatchSampler
-from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
-from unienv_interface.space.space_utils import flatten_utils
 
-_ALIGN = 64
-
-_SAMPLE_KINDS = ("sample", "sample_flat", "sample_with_metadata", "sample_flat_with_metadata")
-_EPOCH_KINDS = ("get_at", "get_flattened_at", "get_at_with_metadata", "get_flattened_at_with_metadata")
+from ._mp_packing import unpack
+from ._mp_pool import WorkerPool
+from ._mp_slots import slot_size
+from ._mp_worker import SAMPLE_KINDS
 
 
 class SamplerWorkerError(RuntimeError):
@@ -123,348 +112,6 @@ class _RemoteTraceback(Exception):
         return f'\n"""\n{self.text}"""'
 
 
-# ---------------------------------------------------------------------------------------------------- packing
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _torch_leaf(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return (torch is not None and type(x) is torch.Tensor and x.layout == torch.strided
-            and x.device.type == "cpu" and not x.is_quantized)
-
-
-def _plan_tree(x: Any, sources: List[Tuple[Any, int, Any]], cursor: List[int]) -> Any:
-    """The description of `x` (a hashable tuple: structure, dtypes, shapes, byte offsets). Every array leaf is
-    appended to `sources` as `(leaf spec, offset, source array)`, and `cursor[0]` advances past it.
-
-    Leaf tags: "N" NumPy array, "T" CPU tensor of a NumPy-representable dtype (copied through its NumPy view),
-    "B" other CPU tensor (bfloat16, ...; copied as raw bytes), "O" anything else (sent by pickle)."""
-    if type(x) is dict:
-        return ("D", tuple((k, _plan_tree(v, sources, cursor)) for k, v in x.items()))
-    if type(x) is tuple or type(x) is list:
-        return ("U" if type(x) is tuple else "L", tuple(_plan_tree(v, sources, cursor) for v in x))
-    if type(x) is np.ndarray and not x.dtype.hasobject:
-        tag, arr, dtype = "N", x, x.dtype
-    elif _torch_leaf(x):
-        t = x.detach()
-        try:
-            tag, arr = "T", t.numpy()
-            dtype = arr.dtype
-        except TypeError:  # no NumPy dtype (bfloat16, ...): raw bytes
-            import torch
-            tag, arr, dtype = "B", t.contiguous().reshape(-1).view(torch.uint8).numpy(), t.dtype
-        x = arr if tag == "T" else t
-    else:
-        return ("O", x)
-    n = int(arr.nbytes)
-    off = cursor[0]
-    cursor[0] = off + _align(n)
-    spec = (tag, dtype, tuple(x.shape), off, n)
-    if n:
-        sources.append((spec, off, arr))
-    return spec
-
-
-def _pack(batch: Any, slot: Optional[np.ndarray]) -> Tuple[Any, Optional[bytearray]]:
-    """`(description, payload)`: the array leaves are copied into `slot` when they fit (payload None), else into
-    a new bytearray (the payload)."""
-    sources: List[Tuple[Any, int, Any]] = []
-    cursor = [0]
-    spec = _plan_tree(batch, sources, cursor)
-    total = cursor[0]
-    payload: Optional[bytearray] = None
-    if slot is not None and total <= slot.shape[0]:
-        dst = slot
-    else:
-        payload = bytearray(total)
-        dst = np.frombuffer(payload, dtype=np.uint8)
-    for (tag, dtype, shape, off, n), _, src in sources:
-        if tag == "B":
-            dst[off:off + n] = src
-        else:
-            dst[off:off + n].view(src.dtype).reshape(src.shape)[...] = src
-    return spec, payload
-
-
-def _unpack(spec: Any, buf: Optional[np.ndarray], copy: bool) -> Any:
-    """Rebuilds a batch described by `spec` from `buf`; with `copy`, every array owns its memory."""
-    tag = spec[0]
-    if tag == "D":
-        return {k: _unpack(v, buf, copy) for k, v in spec[1]}
-    if tag == "U":
-        return tuple(_unpack(v, buf, copy) for v in spec[1])
-    if tag == "L":
-        return [_unpack(v, buf, copy) for v in spec[1]]
-    if tag == "O":
-        return spec[1]
-    _, dtype, shape, off, n = spec
-    if tag == "B":
-        import torch
-        if n == 0:
-            return torch.empty(shape, dtype=dtype)
-        if buf is None:
-            raise RuntimeError("internal invariant violated: an array leaf without a buffer")
-        raw = buf[off:off + n]
-        return torch.from_numpy(raw.copy() if copy else raw).view(dtype).reshape(shape)
-    if n == 0:
-        arr = np.empty(shape, dtype=dtype)
-    else:
-        if buf is None:
-            raise RuntimeError("internal invariant violated: an array leaf without a buffer")
-        arr = buf[off:off + n].view(dtype).reshape(shape)
-        if copy:
-            arr = arr.copy()
-    if tag == "N":
-        return arr
-    import torch
-    return torch.from_numpy(arr)
-
-
-# ---------------------------------------------------------------------------------------------------- space sizes
-def _space_nbytes(space: Space) -> Optional[int]:
-    """Bytes of one element of `space` (None when a leaf has no fixed size)."""
-    if isinstance(space, (BoxSpace, BinarySpace)):
-        itemsize = np.dtype(space.backend.numpy_dtype(space.dtype)).itemsize
-        return int(np.prod(space.shape or (), dtype=np.int64)) * itemsize
-    if isinstance(space, DictSpace):
-        sizes = [_space_nbytes(s) for s in space.spaces.values()]
-    elif isinstance(space, TupleSpace):
-        sizes = [_space_nbytes(s) for s in space.spaces]
-    else:
-        return None
-    if any(s is None for s in sizes):
-        return None
-    return sum(s for s in sizes if s is not None)
-
-
-def _count_leaves(space: Optional[Space]) -> int:
-    if isinstance(space, DictSpace):
-        return sum(_count_leaves(s) for s in space.spaces.values())
-    if isinstance(space, TupleSpace):
-        return sum(_count_leaves(s) for s in space.spaces)
-    return 1
-
-
-def _default_slot_bytes(sampler: Any) -> Optional[int]:
-    """Room for one batch of the wrapped sampler, structured or flattened, with its metadata."""
-    space = sampler.single_space
-    n = int(sampler.batch_size)
-    structured = _space_nbytes(space)
-    if structured is None:
-        return None
-    try:
-        flat_sp = flatten_utils.flatten_space(space)
-        flat = _space_nbytes(flat_sp) or 0
-    except (TypeError, ValueError):
-        flat = 0
-    per = max(structured, flat)
-    leaves = _count_leaves(space)
-    meta_space = getattr(sampler, "single_metadata_space", None)
-    if meta_space is not None:
-        meta = _space_nbytes(meta_space)
-        if meta is None:
-            return None
-        per += meta
-        leaves += _count_leaves(meta_space)
-    return _align(n * per + _ALIGN * (leaves + 1))
-
-
-# ---------------------------------------------------------------------------------------------------- shared slots
-def _shm_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def _map_slots(path: str, n_slots: int, slot_bytes: int, create: bool) -> Tuple[mmap.mmap, np.ndarray]:
-    size = n_slots * slot_bytes
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = os.open(path, flags, 0o600)
-    try:
-        if create:
-            os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
-    finally:
-        os.close(fd)
-    return mm, np.frombuffer(mm, dtype=np.uint8).reshape(n_slots, slot_bytes)
-
-
-def _unlink_quietly(path: Optional[str]) -> None:
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# ---------------------------------------------------------------------------------------------------- worker side
-class _ByValuePickler(ForkingPickler):
-    """multiprocessing's pickler (shared locks, shared arrays and file descriptors go to the child) without torch's
-    tensor reductions: tensors travel by value. torch would move each tensor to shared memory and pass a file
-    descriptor that is closed again as soon as the tensor is freed, which for temporaries (the state tensor a
-    `torch.Generator` pickles itself as) happens before the child is launched."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dispatch_table = {t: r for t, r in self.dispatch_table.items()
-                               if not str(getattr(t, "__module__", "")).startswith("torch")}
-
-
-class _Carrier:
-    """Hands the wrapped sampler to a worker. Under fork the object is inherited; otherwise it is pickled when the
-    process is started and unpickled inside the worker, so a failure there is reported with its traceback."""
-
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
-        self._blob: Optional[bytes] = None
-
-    def __reduce__(self) -> Any:
-        buf = io.BytesIO()
-        _ByValuePickler(buf, pickle.HIGHEST_PROTOCOL).dump(self._obj)
-        return (_Carrier._from_blob, (buf.getvalue(),))
-
-    @staticmethod
-    def _from_blob(blob: bytes) -> "_Carrier":
-        c = _Carrier(None)
-        c._blob = blob
-        return c
-
-    def get(self) -> Any:
-        if self._blob is not None:
-            obj, self._blob = pickle.loads(self._blob), None
-            return obj
-        return self._obj
-
-
-def _derive_seed(base: int, worker: int) -> int:
-    """The seed of `worker`: a function of the base seed and the worker index only, so `manual_seed(s)` restarts
-    exactly the streams of a sampler created with `seed=s`."""
-    return int(np.random.SeedSequence([base, worker, 0x5A3D]).generate_state(1)[0])
-
-
-def _reseed(sampler: Any, seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
-    reseed = getattr(sampler, "manual_seed", None)
-    if callable(reseed):
-        reseed(seed)
-
-
-def _exception_payload(exc: BaseException) -> Tuple[Optional[bytes], str]:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        blob: Optional[bytes] = pickle.dumps(exc)
-        pickle.loads(blob)  # type: ignore[arg-type]
-    except Exception:
-        blob = None
-    return blob, text
-
-
-def _reply(conn: Any, message: Any) -> bool:
-    """Sends `message` to the parent; False when the parent's end is gone."""
-    try:
-        conn.send(message)
-        return True
-    except OSError:
-        return False
-
-
-class _Server:
-    """The state of one worker: its sampler, its slots, its seed, the batch layouts it has described."""
-
-    def __init__(self, worker: int, sampler: Any, conn: Any, slots: Optional[np.ndarray], base_seed: int) -> None:
-        self.worker = worker
-        self.sampler = sampler
-        self.conn = conn
-        self.slots = slots
-        self.seed_state: Any = (0, base_seed)
-        self.perm_key: Any = None
-        self.perm = np.zeros(0, dtype=np.int64)
-        self.spec_ids: Dict[Any, int] = {}
-        _reseed(sampler, _derive_seed(base_seed, worker))
-
-    def serve(self, task: Any) -> bool:
-        """Answers one request; False when the parent's end of the pipe is gone."""
-        req_id, kind, args, slot, seed_state = task
-        try:
-            if seed_state != self.seed_state:  # manual_seed() in the parent: the new base seed comes along
-                self.seed_state = seed_state
-                _reseed(self.sampler, _derive_seed(seed_state[1], self.worker))
-            if kind in _SAMPLE_KINDS:
-                out = getattr(self.sampler, kind)()
-            elif kind not in _EPOCH_KINDS:
-                raise ValueError(f"unknown request {kind!r}")
-            else:  # one chunk of an epoch: the permutation is recomputed from its seed, so requests stay small
-                epoch_seed, n, start, stop = args
-                if self.perm_key != (epoch_seed, n):
-                    self.perm, self.perm_key = np.random.default_rng(epoch_seed).permutation(n), (epoch_seed, n)
-                out = getattr(self.sampler.data, kind)(self.perm[start:stop])
-            spec, payload = _pack(out, None if slot is None or self.slots is None else self.slots[slot])
-            del out
-            try:
-                sid = self.spec_ids.get(spec)
-                described: Any = ((sid, None) if sid is not None
-                                  else (self.spec_ids.setdefault(spec, len(self.spec_ids)), spec))
-            except TypeError:  # a leaf that is not hashable: send the full description every time
-                described = (-1, spec)
-            message = ForkingPickler.dumps(("ok", self.worker, req_id, described, payload))
-        except BaseException as exc:  # reported to the parent, which re-raises it
-            return _reply(self.conn, ("err", self.worker, req_id, _exception_payload(exc), None))
-        try:
-            self.conn.send_bytes(message)
-            return True
-        except OSError:
-            return False
-
-
-def _worker_main(worker: int, carrier: _Carrier, conn: Any, shm_path: Optional[str], n_slots: int,
-                 slot_bytes: int, base_seed: int, doze_time: float, parent_pid: int) -> None:
-    """A worker: answers the requests that arrive on its pipe `conn` (a list of requests per message) until a
-    stop message, or until its parent is gone (checked every `doze_time` seconds while idle)."""
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:
-        pass
-    mm: Optional[mmap.mmap] = None
-    slots: Optional[np.ndarray] = None
-    try:
-        sampler = carrier.get()
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(1)
-        if shm_path is not None:
-            mm, slots = _map_slots(shm_path, n_slots, slot_bytes, create=False)
-        server = _Server(worker, sampler, conn, slots, base_seed)
-    except BaseException as exc:
-        _reply(conn, ("fatal", worker, None, _exception_payload(exc), None))
-        return
-    running = _reply(conn, ("ready", worker, None, None, None))
-    while running:
-        try:
-            if not conn.poll(doze_time):
-                running = os.getppid() == parent_pid
-                continue
-            tasks = conn.recv()
-        except (EOFError, OSError):
-            break
-        if tasks is None:
-            break
-        for task in tasks:
-            if not server.serve(task):
-                running = False
-                break
-    server.slots = slots = None
-    if mm is not None:
-        try:
-            mm.close()
-        except BufferError:
-            pass
-
-
-# ---------------------------------------------------------------------------------------------------- parent side
 class _Failure:
     """An error reported by a worker for one request, raised when the caller consumes that request."""
 
@@ -486,74 +133,6 @@ class _Failure:
             except Exception:
                 pass
         return SamplerWorkerError(f"sampler worker {self.worker} raised an exception", self.text)
-
-
-class _Resources:
-    """Everything the workers hold, owned by the parent. `shutdown` may run from a finalizer, so nothing here
-    refers back to the sampler."""
-
-    def __init__(self) -> None:
-        self.owner_pid = os.getpid()
-        self.procs: List[Any] = []
-        self.conns: List[Any] = []
-        self.shm_path: Optional[str] = None
-        self.mm: Optional[mmap.mmap] = None
-        self.slots: Optional[np.ndarray] = None
-        self.closed = False
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if os.getpid() != self.owner_pid:  # a forked copy of the parent must not touch the parent's workers
-            return
-        try:
-            for c in self.conns:
-                try:
-                    c.send(None)
-                except (OSError, ValueError):
-                    pass
-            deadline = time.monotonic() + timeout
-            alive = [p for p in self.procs if p.is_alive()]
-            while alive and time.monotonic() < deadline:
-                self._drain()  # a worker blocked on a full pipe would never read its stop message
-                multiprocessing.connection.wait([p.sentinel for p in alive], timeout=0.02)
-                alive = [p for p in alive if p.is_alive()]
-            for p in alive:
-                p.terminate()
-            for p in alive:
-                p.join(1.0)
-                if p.is_alive():
-                    p.kill()
-                    p.join(1.0)
-        finally:
-            for c in self.conns:
-                try:
-                    c.close()
-                except OSError:
-                    pass
-            for p in self.procs:
-                try:
-                    p.close()
-                except ValueError:
-                    pass
-            self.slots = None
-            if self.mm is not None:
-                try:
-                    self.mm.close()
-                except BufferError:  # an array still refers to it; the mapping goes with that array
-                    pass
-                self.mm = None
-            _unlink_quietly(self.shm_path)
-            self.shm_path = None
-
-    def _drain(self) -> None:
-        for c in self.conns:
-            try:
-                while c.poll():
-                    c.recv()
-            except (EOFError, OSError):
-                pass
 
 
 class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
@@ -605,7 +184,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self._pending: Dict[int, Tuple[str, Optional[int], int]] = {}   # request -> (kind, slot, worker)
         self._inflight: Dict[str, int] = collections.Counter()          # requests in flight per kind
         self._load = [0] * self.n_workers                               # requests in flight per worker
-        self._ready: Dict[str, Deque[Any]] = {k: collections.deque() for k in _SAMPLE_KINDS}
+        self._ready: Dict[str, Deque[Any]] = {k: collections.deque() for k in SAMPLE_KINDS}
         self._done: Dict[int, Any] = {}                                 # finished epoch chunks
         self._stale: Set[int] = set()                                   # requests whose result is dropped
         self._specs: Dict[Tuple[int, int], Any] = {}                    # batch descriptions by (worker, id)
@@ -613,9 +192,9 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self._n_ready_workers = 0
         self._free_slots: List[int] = []
         self.slot_bytes: Optional[int] = None
-        res = _Resources()
-        self._res = res
-        self._finalizer = weakref.finalize(self, res.shutdown)
+        pool = WorkerPool()
+        self._pool = pool
+        self._finalizer = weakref.finalize(self, pool.shutdown)
         try:
             self._start(daemon, slot_bytes)
         except BaseException:
@@ -623,41 +202,21 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
             raise
 
     def _start(self, daemon: Optional[bool], slot_bytes: Optional[int]) -> None:
-        res = self._res
         if self.shared_memory:
-            size = slot_bytes if slot_bytes is not None else _default_slot_bytes(self.sampler)
-            if size is None:
-                raise ValueError("cannot size the shared-memory slots from the sampler's space; pass slot_bytes=")
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
-                raise ValueError(f"slot_bytes must be a positive int, got {size!r}")
-            self.slot_bytes = _align(int(size))
-            res.shm_path = os.path.join(_shm_dir(), f"unienv-sampler-{os.getpid()}-{uuid.uuid4().hex}.shm")
-            res.mm, res.slots = _map_slots(res.shm_path, self.n_buffers, self.slot_bytes, create=True)
+            self.slot_bytes = slot_size(self.sampler, slot_bytes)
             self._free_slots = list(range(self.n_buffers))
-        carrier = _Carrier(self.sampler)
-        for w in range(self.n_workers):
-            mine, theirs = self.ctx.Pipe(duplex=True)
-            p = self.ctx.Process(
-                target=_worker_main, name=f"unienv-sampler-worker-{w}",
-                args=(w, carrier, theirs, res.shm_path, self.n_buffers, self.slot_bytes or 0,
-                      self._base_seed, self.doze_time, os.getpid()),
-                daemon=True if daemon is None else bool(daemon))
-            res.procs.append(p)
-            res.conns.append(mine)
-            try:
-                p.start()
-            finally:
-                theirs.close()  # only the worker holds its end: its death shows as EOF here
+        self._pool.start(self.ctx, self.sampler, self.n_workers, self.n_buffers, self.slot_bytes, self._base_seed,
+                         self.doze_time, daemon)
 
     # ------------------------------------------------------------------ state
     @property
     def closed(self) -> bool:
-        return self._res.closed
+        return self._pool.closed
 
     def _check_open(self) -> None:
-        if self._res.closed:
+        if self._pool.closed:
             raise RuntimeError("the MultiprocessingSampler is closed")
-        if os.getpid() != self._res.owner_pid:
+        if os.getpid() != self._pool.owner_pid:
             raise RuntimeError("a MultiprocessingSampler can only be used by the process that created it (this is a "
                                "forked copy); create one in this process instead")
 
@@ -675,7 +234,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
         """Stops the workers (a stop message each, join for up to `timeout` s, then terminate, then kill) and frees
         the shared memory. The wrapped sampler and its data stay open. Idempotent."""
         if self._finalizer.detach() is not None:
-            self._res.shutdown(timeout)
+            self._pool.shutdown(timeout)
         self._pending.clear()
         self._done.clear()
         self._stale.clear()
@@ -685,7 +244,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
     @property
     def worker_pids(self) -> List[Optional[int]]:
         """Process ids of the running workers (empty once closed)."""
-        return [] if self._res.closed else [p.pid for p in self._res.procs]
+        return [] if self._pool.closed else [p.pid for p in self._pool.procs]
 
     # ------------------------------------------------------------------ requests and results
     def _submit(self, requests: Sequence[Tuple[str, Any]]) -> List[int]:
@@ -704,7 +263,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
             rids.append(rid)
         for w, bundle in bundles.items():
             try:
-                self._res.conns[w].send(bundle)
+                self._pool.conns[w].send(bundle)
             except (OSError, ValueError):
                 self._worker_died(w)
         return rids
@@ -721,19 +280,17 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
 
     def _receive(self, w: int) -> None:
         try:
-            tag, worker, rid, body, payload = self._res.conns[w].recv()
+            tag, worker, rid, body, payload = self._pool.conns[w].recv()
         except (EOFError, OSError):
             self._worker_died(w)
             return
         if tag == "ready":
             self._n_ready_workers += 1
             if self._n_ready_workers == self.n_workers:
-                _unlink_quietly(self._res.shm_path)  # every worker has mapped it: the name is no longer needed
+                self._pool.unlink_slot_file()  # every worker has mapped it: the name is no longer needed
             return
         if tag == "fatal":
-            text = _Failure(worker, body).text
-            self.close()
-            raise SamplerWorkerError(f"sampler worker {worker} failed to start", text)
+            self._failed_to_start(worker, body)
         kind, slot, _ = self._pending.pop(rid)
         self._inflight[kind] -= 1
         self._load[w] -= 1
@@ -751,34 +308,37 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
                 result: Any = _Failure(worker, body)
             else:
                 if payload is None:
-                    if slot is None or self._res.slots is None:
+                    if slot is None or self._pool.slots is None:
                         raise RuntimeError("internal invariant violated: a slot result without a slot")
-                    result = _unpack(spec, self._res.slots[slot], copy=True)
+                    result = unpack(spec, self._pool.slots[slot], copy=True)
                 else:
                     if slot is not None and not self._warned_slot_size:
                         self._warned_slot_size = True
                         warnings.warn(f"a {kind} batch of {len(payload)} bytes does not fit in a shared-memory slot of "
                                       f"{self.slot_bytes} bytes and goes through the pipe instead; pass a larger "
                                       "slot_bytes= to MultiprocessingSampler", RuntimeWarning, stacklevel=4)
-                    result = _unpack(spec, np.frombuffer(payload, dtype=np.uint8), copy=False)
+                    result = unpack(spec, np.frombuffer(payload, dtype=np.uint8), copy=False)
         finally:
             if slot is not None:
                 self._free_slots.append(slot)
-        if kind in _SAMPLE_KINDS:
+        if kind in SAMPLE_KINDS:
             self._ready[kind].append(result)
         else:
             self._done[rid] = result
 
-    def _worker_died(self, w: Optional[int] = None) -> None:
-        procs = self._res.procs
-        for c in self._res.conns:  # a worker that failed to start said why before it exited: report that
+    def _failed_to_start(self, worker: int, body: Tuple[Optional[bytes], str]) -> NoReturn:
+        text = _Failure(worker, body).text
+        self.close()
+        raise SamplerWorkerError(f"sampler worker {worker} failed to start", text)
+
+    def _worker_died(self, w: Optional[int] = None) -> NoReturn:
+        procs = self._pool.procs
+        for c in self._pool.conns:  # a worker that failed to start said why before it exited: report that
             try:
                 while c.poll():
                     tag, worker, _rid, body, _payload = c.recv()
                     if tag == "fatal":
-                        text = _Failure(worker, body).text
-                        self.close()
-                        raise SamplerWorkerError(f"sampler worker {worker} failed to start", text)
+                        self._failed_to_start(worker, body)
             except (EOFError, OSError):
                 pass
         if w is not None:
@@ -792,7 +352,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
     def _pump(self, deadline: Optional[float]) -> None:
         """Handles every message that has arrived; when none has, waits for one (or a dead worker, or the
         deadline)."""
-        conns = self._res.conns
+        conns = self._pool.conns
         got = False
         for w, c in enumerate(conns):
             if c.poll():
@@ -801,7 +361,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
         if got:
             return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        sentinels = [p.sentinel for p in self._res.procs]
+        sentinels = [p.sentinel for p in self._pool.procs]
         ready = multiprocessing.connection.wait(list(conns) + sentinels, timeout=timeout)
         for r in ready:
             if r in sentinels and not any(c.poll() for c in conns):
@@ -864,7 +424,7 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self._seed_state = (self._seed_state[0] + 1, self._base_seed)
         self._epoch_rng = np.random.default_rng([self._base_seed, 0x3E70C4])
         for rid, (kind, _slot, _w) in self._pending.items():
-            if kind in _SAMPLE_KINDS:
+            if kind in SAMPLE_KINDS:
                 self._stale.add(rid)
         for d in self._ready.values():
             d.clear()

@@ -59,6 +59,23 @@ def _field(js: Mapping[str, Any], name: str, kind: str) -> Any:
         raise ValueError(f"malformed {kind} JSON: missing field {name!r}") from None
 
 
+#: Largest element count of one leaf accepted from JSON (a guard against damaged or hostile metadata).
+MAX_JSON_LEAF_ELEMENTS = 1 << 32
+
+
+def _shape(js: Mapping[str, Any], kind: str) -> tuple:
+    shape = _field(js, "shape", kind)
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"malformed {kind} JSON: shape must be a list of non-negative ints, got {str(shape)[:80]}")
+    total = 1
+    for d in shape:
+        total *= d
+    if total > MAX_JSON_LEAF_ELEMENTS:
+        raise ValueError(f"malformed {kind} JSON: shape {shape} has {total} elements per sample, more than the "
+                         f"{MAX_JSON_LEAF_ELEMENTS} this library accepts from a file")
+    return tuple(shape)
+
+
 def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Space:
     """Rebuilds a space written by `space_to_json` on `backend` / `device`; ValueError for malformed JSON."""
     if not isinstance(js, Mapping) or "type" not in js:
@@ -70,9 +87,9 @@ def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Sp
             dtype = backend.dtype_from_name(str(_field(js, "dtype", kind)).replace("torch.", ""))
             # bounds go to BoxSpace as parsed (ints stay exact Python ints, Infinity becomes float inf)
             return BoxSpace(backend, _field(js, "low", kind), _field(js, "high", kind), dtype, device,
-                            tuple(_field(js, "shape", kind)), meta)
+                            _shape(js, kind), meta)
         if kind == "BinarySpace":
-            return BinarySpace(backend, tuple(_field(js, "shape", kind)), backend.default_boolean_dtype, device, meta)
+            return BinarySpace(backend, _shape(js, kind), backend.default_boolean_dtype, device, meta)
         if kind == "DictSpace":
             spaces = _field(js, "spaces", kind)
             if not isinstance(spaces, Mapping):

@@ -347,3 +347,80 @@ def test_arguments_are_checked(buffer: ReplayBuffer) -> None:
         with pytest.raises(TypeError):
             MultiprocessingSampler(ms, n_workers=1)
     assert no_children_left()
+
+
+# ---------------------------------------------------------------------------------------------------- the parts
+# (_mp_packing, _mp_slots, _mp_worker: private modules, tested here because this sampler is their only user)
+def test_packing_round_trips_every_kind_of_leaf() -> None:
+    from unienv_data.samplers._mp_packing import ALIGN, pack, unpack
+
+    batch = {"np": np.arange(12, dtype=np.int16).reshape(3, 4), "t": torch.linspace(0, 1, 5),
+             "bf16": torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16),
+             "nested": (np.zeros((0, 3), dtype=np.float64), [torch.ones(2, 2, dtype=torch.bool), "text", 7]),
+             "objects": np.array([{"a": 1}], dtype=object)}
+    slot = np.zeros(1024, dtype=np.uint8)
+    spec, payload = pack(batch, slot)
+    assert payload is None, "a batch that fits goes into the slot"
+    with pytest.raises(TypeError):  # an unhashable leaf: the worker sends this layout with every batch
+        hash(spec)
+    hash(pack({k: v for k, v in batch.items() if k != "objects"}, slot)[0])  # else sent once, then by id
+    out = unpack(spec, slot, copy=True)
+    slot[:] = 0xFF  # the slot is reused by the next batch: nothing returned may alias it
+    assert set(out) == set(batch)
+    assert type(out["np"]) is np.ndarray and np.array_equal(out["np"], batch["np"])
+    assert type(out["t"]) is torch.Tensor and torch.equal(out["t"], batch["t"])
+    assert out["bf16"].dtype == torch.bfloat16 and torch.equal(out["bf16"], batch["bf16"])
+    empty, rest = out["nested"]
+    assert type(out["nested"]) is tuple and type(rest) is list
+    assert empty.shape == (0, 3) and empty.dtype == np.float64
+    assert torch.equal(rest[0], batch["nested"][1][0]) and rest[1:] == ["text", 7]
+    assert out["objects"][0] == {"a": 1}  # an object array travels by pickle, inside the description
+    offsets = [leaf[3] for leaf in (spec[1][0][1], spec[1][1][1], spec[1][2][1])]
+    assert all(off % ALIGN == 0 for off in offsets)
+
+
+def test_packing_falls_back_to_a_payload_when_the_slot_is_too_small() -> None:
+    from unienv_data.samplers._mp_packing import pack, unpack
+
+    batch = [np.arange(100, dtype=np.float32), torch.arange(10)]
+    spec, payload = pack(batch, np.zeros(64, dtype=np.uint8))
+    assert payload is not None
+    out = unpack(spec, np.frombuffer(payload, dtype=np.uint8), copy=False)
+    assert np.array_equal(out[0], batch[0]) and torch.equal(out[1], batch[1])
+    spec, payload = pack(batch, None)  # no slot at all (shared_memory=False)
+    assert payload is not None and np.array_equal(unpack(spec, np.frombuffer(payload, np.uint8), True)[0], batch[0])
+
+
+def test_slot_size_fits_a_batch_and_checks_slot_bytes(buffer: ReplayBuffer) -> None:
+    from unienv_data.samplers._mp_packing import ALIGN, pack
+    from unienv_data.samplers._mp_slots import slot_size
+
+    inner = StepSampler(buffer, 32, seed=0)
+    size = slot_size(inner, None)
+    assert size % ALIGN == 0
+    for batch in (inner.sample(), inner.sample_flat()):
+        assert pack(batch, np.zeros(size, dtype=np.uint8))[1] is None, "the default slot must hold a batch"
+    assert slot_size(inner, 100) == 128
+    for bad in (0, -5, True, 1.5):
+        with pytest.raises(ValueError, match="slot_bytes"):
+            slot_size(inner, bad)  # type: ignore[arg-type]
+
+
+def test_worker_entry_point_and_sampler_carrier_survive_pickling(buffer: ReplayBuffer) -> None:
+    # spawn and forkserver pickle the process target by reference and the carrier by value
+    from unienv_data.samplers._mp_worker import Carrier, worker_main
+
+    assert pickle.loads(pickle.dumps(worker_main)) is worker_main
+    carried = pickle.loads(pickle.dumps(Carrier({"seed": torch.Generator().manual_seed(5).get_state()})))
+    assert torch.equal(carried.get()["seed"], torch.Generator().manual_seed(5).get_state())
+    assert Carrier(buffer).get() is buffer  # under fork the sampler is inherited, not copied
+
+
+def test_spawn_start_failure_reports_the_worker_traceback(tmp_path: Any) -> None:
+    rb = make_buffer(tmp_path / "spawn-fail", capacity=100, rows=50, multiprocessing=True)
+    ms = MultiprocessingSampler(UnseedableSampler(rb, 4), n_workers=1, ctx="spawn", shared_memory=True)
+    with pytest.raises(SamplerWorkerError, match="failed to start") as info:
+        ms.sample()
+    assert "cannot seed this sampler here" in (info.value.remote_traceback or "")
+    assert ms.closed and no_children_left()
+    rb.close()

@@ -454,7 +454,7 @@ class TestValues:
         st.abort_segment()
         w = st.open_segment_writer()
         expect_error((ValueError,), w.append, bad)
-        assert len(w) == 0 and all(len(f.writer) == 0 for f in w._feeds)  # type: ignore[attr-defined]
+        assert len(w) == 0 and all(len(cw) == 0 for cw in w.writers)  # type: ignore[attr-defined]
         w.abort()
         assert_tree_equal(st.get(Ellipsis), before)
 
@@ -789,3 +789,148 @@ def test_prepare_single_checks_without_segment_state() -> None:
     assert not torch.equal(prepared["obs"]["pos"], v["obs"]["pos"]), "the prepared sample must be a snapshot"
     expect_error((ValueError,), st._prepare_single, {**v, "obs": {**v["obs"], "pos": torch.full((3,), 9.0)}})
     expect_error((KeyError,), st._prepare_single, {**v, "extra": v["done"]})
+
+
+# ---------------------------------------------------------------------------------------------------- staging protocol
+class PlainRows(SpaceStorage[Any, Any, Any, Any, Any]):
+    """Rows of a Box / Binary space kept by an array storage, but a storage of its own type that implements none of
+    the staging methods (the `SpaceStorage` defaults: a dry check through the shared conversion rules)."""
+
+    def __init__(self, space: Any, capacity: int) -> None:
+        super().__init__(space)
+        self.rows = array_cls(space.backend).create(space, capacity=capacity)
+
+    @property
+    def capacity(self) -> Optional[int]:
+        return self.rows.capacity
+
+    def _segment_log(self) -> Any:
+        return self.rows._segment_log()
+
+    def get(self, index: Any) -> Any:
+        return self.rows.get(index)
+
+    def set(self, index: Any, value: Any) -> None:
+        self._check_writable()
+        self.rows.set(index, value)
+
+    def dumps(self, path: Any) -> None:
+        self.rows.dumps(path)
+
+
+def _box(backend: Any = TB, shape: Any = (3,)) -> BoxSpace:
+    return BoxSpace(backend, -1.0, 1.0, torch.float32 if backend is TB else np.float32, shape=shape)
+
+
+class TestStagingProtocol:
+    """`_stage_set` / `_stage_append` / `_stage_writer`: check now (nothing written on error), write when called."""
+
+    @pytest.mark.parametrize("make_child", ["array", "flattened", "flattened-over-plain", "plain", "dict"])
+    def test_stage_checks_now_and_writes_later(self, make_child: str) -> None:
+        sp = _box()
+        if make_child == "array":
+            st: SpaceStorage = PytorchTensorStorage.create(sp, capacity=4)
+            good, bad = torch.full((3,), 0.5), torch.full((3,), 2.0)
+        elif make_child == "plain":
+            st = PlainRows(sp, 4)
+            good, bad = torch.full((3,), 0.5), torch.full((3,), 2.0)
+        else:
+            dsp = DictSpace(TB, {"a": sp, "b": BinarySpace(TB, ())})
+            if make_child == "flattened":
+                st = FlattenedStorage.create(dsp, PytorchTensorStorage, capacity=4)
+            elif make_child == "flattened-over-plain":
+                st = FlattenedStorage(dsp, PlainRows(FlattenedStorage.create(dsp, PytorchTensorStorage, capacity=1)
+                                                     .flat_space, 4), "inner")
+            else:
+                st = DictStorage.create(dsp, {"a": PytorchTensorStorage, "b": PytorchTensorStorage}, capacity=4)
+            good = {"a": torch.full((3,), 0.5), "b": torch.tensor(True)}
+            bad = {"a": torch.full((3,), 2.0), "b": torch.tensor(True)}
+        before = st.get(Ellipsis)
+        expect_error((ValueError,), st._stage_set, 1, bad)
+        expect_error((IndexError,), st._stage_set, 9, good)
+        write = st._stage_set(1, good)
+        assert_tree_equal(st.get(Ellipsis), before)  # staged, not yet written
+        write()
+        assert_tree_equal(st.get(1), good)
+        batch = stack_tree([good, good])
+        expect_error((ValueError,), st._stage_set, slice(2, 4), stack_tree([good, bad]))
+        st._stage_set(np.array([3, 2]), batch)()
+        assert_tree_equal(st.get(np.array([2, 3])), batch)
+        # appends check the segment state as well
+        expect_error((StorageStateError,), st._stage_append, good)
+        st.mark_segment_start(0)
+        expect_error((ValueError,), st._stage_append, bad)
+        append = st._stage_append(good)
+        assert st.pending_segment_length == 0
+        append()
+        assert st.pending_segment_length == 1
+        st.mark_segment_end()
+        assert st.get_segments() == [(0, 0)]
+        # a staged writer append: nothing buffered on error
+        writer, stage = st._stage_writer()
+        expect_error((ValueError,), stage, bad)
+        assert len(writer) == 0
+        stage(good)()
+        assert len(writer) == 1
+        writer.commit(3)
+        assert (3, 3) in (st.get_segments() or [])
+
+    def test_what_checks_everything(self) -> None:
+        sp = DictSpace(TB, {"a": _box(), "b": BinarySpace(TB, ())})
+        assert PytorchTensorStorage.create(_box(), capacity=2)._stage_checks_all
+        assert FlattenedStorage.create(sp, PytorchTensorStorage, capacity=2)._stage_checks_all
+        assert not PlainRows(_box(), 2)._stage_checks_all
+        mixed = DictStorage(sp, {"a": PlainRows(_box(), 2), "b": PytorchTensorStorage.create(BinarySpace(TB, ()), capacity=2)})
+        assert not mixed._stage_checks_all
+        # children that may still refuse when written are staged and written first
+        assert isinstance(mixed._stager.parts[0][0], PlainRows)
+
+    def test_two_children_on_the_defaults_refuse_before_either_writes(self) -> None:
+        """The defaults check Box / Binary values with the shared conversion rules, so a second such child refusing
+        its part stops the write before the first one wrote (as two video cameras do)."""
+        sp = DictSpace(TB, {"a": _box(), "b": _box(shape=(2,))})
+        st = DictStorage(sp, {"a": PlainRows(_box(), 3), "b": PlainRows(_box(shape=(2,)), 3)})
+        good = {"a": torch.zeros(3), "b": torch.zeros(2)}
+        bad = {"a": torch.full((3,), 0.5), "b": torch.full((2,), 2.0)}
+        before = st.get(Ellipsis)
+        expect_error((ValueError,), st.set, 0, bad)
+        expect_error((ValueError,), st.set, slice(0, 2), stack_tree([good, bad]))
+        assert_tree_equal(st.get(Ellipsis), before)
+        st.mark_segment_start(0)
+        st.append(good)
+        expect_error((ValueError,), st.append, bad)
+        assert all(c.pending_segment_length == 1 for c in st.storages.values())
+        st.mark_segment_end()
+        w = st.open_segment_writer()
+        expect_error((ValueError,), w.append, bad)
+        w.append(good)
+        w.commit(1)
+        assert st.get_segments() == [(0, 0), (1, 1)]
+
+    def test_one_index_normalisation_serves_every_child(self) -> None:
+        from unienv_data.base.indexing import normalize_index
+        st = make(capacity=4)
+        v = stack_tree([value(seed=1), value(seed=2)])
+        norm = normalize_index(np.array([-1, 0]), len(st))
+        st._stage_set(norm, v)()
+        assert_tree_equal(st.get(np.array([3, 0])), v)
+
+    def test_dict_storage_uses_only_the_staging_protocol(self) -> None:
+        """DictStorage writes its children through `_stage_set` / `_stage_append` / `_stage_writer` only: no private
+        internals of particular child types."""
+        import inspect
+
+        from unienv_data.storages import _dict_routing, _dict_staging, dict_storage
+        for mod in (dict_storage, _dict_staging, _dict_routing):
+            src = inspect.getsource(mod)
+            for name in ("_conv", "_plan", "_fast", "_write_via", "_append_via", "_write_rows_trusted",
+                         "_append_row_trusted", "ArrayStorageBase", "FlattenedStorage"):
+                assert name not in src, f"{mod.__name__} uses {name}"
+
+    def test_state_errors_name_the_dict_storage(self) -> None:
+        st = make(capacity=3)
+        exc = expect_error((StorageStateError,), st.append, value())
+        assert "DictStorage" in str(exc) and "mark_segment_start" in str(exc)
+        st.get_column("obs/image").mark_segment_start(0)
+        exc = expect_error((StorageStateError,), st.append, value())
+        assert "disagree" in str(exc)

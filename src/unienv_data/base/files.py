@@ -1,10 +1,11 @@
 """File helpers shared by every on-disk storage: atomic JSON metadata, confined paths, checked reads."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Union
 
 from .errors import StorageFormatError, StorageNotFoundError
 
@@ -71,6 +72,50 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
         raise
     if durable:
         fsync_dir(directory)
+
+
+DUMP_MARKER_SUFFIX = ".dump-in-progress"
+
+
+def dump_marker(path: PathLike) -> str:
+    """The marker that exists while `dumps()` writes into `path` (a directory or a single data file)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return os.path.join(path, DUMP_MARKER_SUFFIX)
+    return path + DUMP_MARKER_SUFFIX
+
+
+@contextlib.contextmanager
+def dump_transaction(path: PathLike, directory: bool) -> Iterator[None]:
+    """Marks `path` as being dumped into until the block finishes, so a dump killed halfway leaves a directory
+    that refuses to load (`check_no_interrupted_dump`) instead of one that mixes old metadata with new data."""
+    path = os.fspath(path)
+    if directory:
+        os.makedirs(path, exist_ok=True)
+        marker = os.path.join(path, DUMP_MARKER_SUFFIX)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        marker = path + DUMP_MARKER_SUFFIX
+    with open(marker, "w") as f:
+        f.write("dumps() in progress; if this file survives, the dump was interrupted\n")
+        if _DURABLE:
+            f.flush()
+            os.fsync(f.fileno())
+    if _DURABLE:
+        fsync_dir(os.path.dirname(os.path.abspath(marker)))
+    yield
+    os.unlink(marker)
+    if _DURABLE:
+        fsync_dir(os.path.dirname(os.path.abspath(marker)))
+
+
+def check_no_interrupted_dump(path: PathLike, what: str) -> None:
+    """StorageFormatError when an earlier `dumps()` into `path` did not finish (its files may not match)."""
+    path = os.fspath(path)
+    marker = os.path.join(path, DUMP_MARKER_SUFFIX) if os.path.isdir(path) else path + DUMP_MARKER_SUFFIX
+    if os.path.exists(marker):
+        raise StorageFormatError(f"{what} at {path}: an earlier dumps() into it was interrupted (found {marker}); its "
+                                 "files may mix two states. Dump the source again, or restore the directory")
 
 
 def read_json(path: PathLike, what: str) -> Dict[str, Any]:

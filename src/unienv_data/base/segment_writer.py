@@ -118,6 +118,7 @@ class BufferedSegmentWriter(SegmentWriter):
             cap = st.capacity
             if cap is None and start + self._length > len(st):
                 st.extend_length(start + self._length - len(st))
+            st.forget_segments(start, self._length)   # persisted as gone before the rows are overwritten
             st._set_prepared(self._commit_indices(start), st._stack_prepared(self._items))
         st._record_segment(start, self._length)
 

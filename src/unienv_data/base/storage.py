@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Generic, List, Optional, Tuple, TypeVar, Union
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from unienv_interface.space import Space
+from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike
+from .indexing import NormalizedIndex, normalize_index
 from .segments import SegmentLog
+from .values import LeafConverter
 
 if TYPE_CHECKING:
     from .segment_writer import SegmentWriter
@@ -234,7 +237,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         log = self._segment_log()
         if log is None or not len(log):
             return 1 << 62
+        before = log.version
         log.drop_overlapping(pos, 1)
+        if log.version != before:
+            self._segments_dropped()
         cap = self.capacity
         best = 1 << 62
         for s, _n in log.runs():
@@ -271,8 +277,20 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         capacity): used by owners (e.g. a replay buffer) about to overwrite those rows with `set`."""
         log = self._segment_log()
         if log is not None:
+            before = log.version
             log.drop_overlapping(int(start), int(length))
             self._seg_clear_rows = 0
+            if log.version != before:
+                self._segments_dropped()
+
+    def _segments_dropped(self) -> None:
+        """Called after recorded segments were dropped because their rows are about to be overwritten and
+        BEFORE those rows are written: file-backed storages persist the shorter list here, so a crash never
+        leaves metadata that lists a segment whose rows hold other data."""
+
+    def _has_persistent_segments(self) -> bool:
+        """Whether this storage persists its own segment list (then owners' copies of it are not authoritative)."""
+        return False
 
     def _record_segment(self, start: int, length: int) -> None:
         log = self._segment_log()
@@ -298,3 +316,107 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def _set_prepared(self, index: Any, batch: Any) -> None:
         """Writes a stacked batch of prepared elements (default: `set`)."""
         self.set(index, batch)
+
+    # ------------------------------------------------------------------ staging (check now, write later)
+    # Composite storages (DictStorage) write one sample into several children and must write none of them when
+    # one refuses its part. Every storage therefore offers two-phase writes: `_stage_set`, `_stage_append` and the
+    # appends staged by `_stage_writer` check the value and the storage's state *now* (raising as `set` /
+    # `append` would, with nothing written) and return a callable that performs the write later. Call it at once:
+    # the check holds only while nothing else changes the storage. The defaults check through `_prepare_single`
+    # when a storage overrides it, and otherwise cannot check at all: their callables simply run `set` / `append`,
+    # which may still refuse the value (`_stage_checks_all` is then False, and owners run them first).
+
+    #: the conversion rules `_precheck` checks a Box / Binary value with (built on first use)
+    _stage_conv: Optional[LeafConverter] = None
+
+    @property
+    def _stage_checks_all(self) -> bool:
+        """True when staging checks everything the write would: the callables `_stage_*` return never refuse
+        the value. False for the defaults (storages that only check through `_prepare_single`, or not at all)."""
+        return False
+
+    def _check_append_state(self) -> None:
+        """Raises what `append` would for the storage's state (closed, read-only, no open segment, an open segment
+        as long as the ring); changes nothing."""
+        if self._closed or not self.is_mutable:
+            self._check_writable()
+        if not self.has_open_segment:
+            raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
+                                    "mark_segment_start(start) first")
+        cap = self.capacity
+        if cap is not None and self.pending_segment_length >= cap:
+            raise ValueError(f"the open segment already holds {cap} rows = the capacity {cap}; one more would "
+                             "overwrite its own first row")
+
+    def _precheck(self, value: Any, count: Optional[int] = None) -> None:
+        """A dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging
+        defaults and by owners: through `_prepare_single` when the storage overrides it, else, for a Box / Binary
+        space, the shared conversion rules (`LeafConverter`); nothing otherwise."""
+        if _checks_in_prepare(self):
+            if count is None:
+                self._prepare_single(value)
+                return
+            got = batch_utils.batch_size_data(value)
+            if got != count:
+                raise ValueError(f"expected a batch of {count} elements, got {got}")
+            batched = batch_utils.batch_space(self.single_instance_space, count)
+            for j in range(count):
+                try:
+                    item = batch_utils.get_at(batched, value, j)
+                except IndexError:
+                    raise ValueError(f"expected a batch of {count} elements in every leaf; element {j} is "
+                                     "missing") from None
+                self._prepare_single(item)
+            return
+        if isinstance(self.single_instance_space, (BoxSpace, BinarySpace)):
+            conv = self._stage_conv
+            if conv is None:
+                conv = self._stage_conv = LeafConverter(self.single_instance_space, "value")
+            if count is None:
+                conv.convert_single(value)
+            else:
+                conv.convert(value, (count,))
+
+    def _stage_index(self, index: Any) -> NormalizedIndex:
+        """`index` resolved against this storage's length; a `NormalizedIndex` is taken as already resolved (an
+        owner resolves an index once for all its children, which share its length)."""
+        if isinstance(index, NormalizedIndex):
+            return index
+        return normalize_index(index, len(self), type(self).__name__)
+
+    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+        """Checks `set(index, value)` without writing (index, state, and the value as far as the storage can
+        check it; see above) and returns the write. `index` may be a `NormalizedIndex` (see `_stage_index`)."""
+        self._check_writable()
+        norm = self._stage_index(index)
+        self._precheck(value, None if norm.single is not None else norm.count())
+        return partial(self.set, norm.numpy_key(), value)
+
+    def _stage_append(self, value: Any) -> Callable[[], None]:
+        """Checks `append(value)` without writing (state, and the value as far as the storage can check it) and
+        returns the append."""
+        self._check_append_state()
+        self._precheck(value)
+        return partial(self.append, value)
+
+    def _stage_writer(self) -> Tuple["SegmentWriter", Callable[[Any], Callable[[], None]]]:
+        """A new segment writer of this storage and `stage(value)`, which checks one element for it (nothing is
+        buffered on error) and returns the callable that appends it to the writer. When a `BufferedSegmentWriter`
+        can take what a checking `_prepare_single` returns, the element is checked and prepared once; otherwise it is
+        checked by `_precheck` and the writer gets the raw value."""
+        from .segment_writer import BufferedSegmentWriter
+        writer = self.open_segment_writer()
+        if isinstance(writer, BufferedSegmentWriter) and writer.storage is self and _checks_in_prepare(self):
+            buffered, prepare = writer, self._prepare_single
+            return writer, lambda value: partial(buffered.append_prepared, prepare(value))
+        return writer, partial(_stage_raw_append, self, writer)
+
+
+def _checks_in_prepare(storage: SpaceStorage) -> bool:
+    """Whether the storage's `_prepare_single` checks values (the default passes them through unchecked)."""
+    return type(storage)._prepare_single is not SpaceStorage._prepare_single
+
+
+def _stage_raw_append(storage: SpaceStorage, writer: "SegmentWriter", value: Any) -> Callable[[], None]:
+    storage._precheck(value)
+    return partial(writer.append, value)

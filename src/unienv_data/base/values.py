@@ -201,6 +201,9 @@ class LeafConverter:
                 ok = out.astype(arr.dtype) == arr
                 if src_kind == "f":
                     ok &= np.isfinite(arr)
+                elif src_kind in "iu" and self.kind in "iu":
+                    # a wrap-around cast survives the round trip (uint64 2**64-1 -> int16 -1 -> 2**64-1): compare signs
+                    ok &= (out < 0) == (arr < 0)
         if not ok.all():
             first = arr.reshape(-1)[int(np.flatnonzero(~ok.reshape(-1))[0])].item()
             raise ValueError(f"{self.where}: value {first!r} of dtype {arr.dtype} cannot be stored as {exp_name} "

@@ -20,7 +20,8 @@ import numpy as np
 from unienv_data.base.common import BatchBase
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
-                                    confined_path, read_json, require_fields)
+                                    check_no_interrupted_dump, confined_path, dump_transaction, read_json,
+                                    require_fields)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
@@ -65,6 +66,39 @@ def _batch_length(value: Any, path: str = "") -> int:
     if len(set(sizes.values())) > 1:
         raise ValueError(f"batch leaves disagree on the batch size: {sizes}")
     return next(iter(sizes.values()))
+
+
+def _persists_segments(storage: SpaceStorage) -> bool:
+    """Whether `storage` keeps its own persisted segment log (then it, not metadata.json, is authoritative)."""
+    probe = getattr(storage, "_has_persistent_segments", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def _checked_write(storage: SpaceStorage, index: Any, value: Any, before_write: Any) -> None:
+    """Checks `value`, runs `before_write()` (drop the segments about to be overwritten, persisted), then writes:
+    refused data changes nothing, and no metadata ever lists a segment whose rows were already overwritten."""
+    stage = getattr(storage, "_stage_set", None)
+    if callable(stage):
+        write = stage(index, value)
+        before_write()
+        write()
+    else:                                   # storages that cannot check ahead: data first, then the segment list
+        storage.set(index, value)
+        before_write()
+
+
+def _check_only(storage: SpaceStorage, batch: Any) -> None:
+    """Checks a batch against the storage without writing it (staging when the storage offers it)."""
+    n = _batch_length(batch)
+    stage = getattr(storage, "_stage_set", None)
+    if callable(stage):
+        stage(slice(0, n), batch)          # the returned writer is dropped: nothing is written
+        return
+    batch_space = batch_utils.batch_space(storage.single_instance_space, n)
+    for i in range(n):
+        item = batch_utils.get_at(batch_space, batch, i)
+        if not storage.single_instance_space.contains(item):
+            raise ValueError(f"row {i} of the batch is not an element of the space {storage.single_instance_space!r}")
 
 
 def _slice_leaves(value: Any, slc: slice) -> Any:
@@ -112,8 +146,8 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             segs = list(physical_segments or [])
             if not segs and storage.get_segments():
                 segs = self._runs_from_storage(storage)
-        elif physical_segments is not None:
-            # the buffer's metadata is authoritative (a multiprocessing buffer's storage files may hold a stale log)
+        elif physical_segments is not None and not _persists_segments(storage):
+            # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
             storage.forget_segments(0, cap if cap is not None else max(len(storage), 1))
             for s, n in physical_segments:
                 storage._record_segment(s, n)
@@ -163,6 +197,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
+        check_no_interrupted_dump(path, "ReplayBuffer")
         meta = read_json(meta_path, "ReplayBuffer metadata")
         check_format_version(meta, meta_path)
         require_fields(meta, ("type", "count", "offset", "capacity", "storage_cls", "storage_path_relative",
@@ -227,8 +262,12 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         rel = meta["storage_path_relative"]
         full = confined_path(path, rel, meta_path)
         cap = meta["capacity"]
-        storage = storage_cls.load_from(full, space, capacity=cap, read_only=read_only,
-                                        multiprocessing=multiprocessing, **storage_kwargs)
+        try:
+            storage = storage_cls.load_from(full, space, capacity=cap, read_only=read_only,
+                                            multiprocessing=multiprocessing, **storage_kwargs)
+        except NotImplementedError as exc:      # e.g. a stored space the storage cannot hold
+            raise StorageFormatError(f"{meta_path}: the stored space cannot be opened with "
+                                     f"{storage_cls.__name__}: {exc}") from None
         if storage.capacity != cap:
             raise StorageFormatError(f"{meta_path}: capacity {cap} does not match the storage's {storage.capacity}")
         if cap is None and meta["count"] > len(storage):
@@ -445,6 +484,11 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             log.drop_overlapping(start, n)
             self._state.set_segments(log.runs())
 
+    def _forget_rows(self, start: int, n: int) -> None:
+        """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
+        self._st().forget_segments(start, n)
+        self._drop_own_segments(start, n)
+
     def _add_own_segment(self, start: int, n: int) -> None:
         if self._own_segments and n > 0:
             log = self._log()
@@ -461,10 +505,10 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         cap = st.capacity
         with self._state.locked():
             if cap is not None and n >= cap:
+                for s in range(0, n - cap, cap):        # rows that will be overwritten at once are checked too
+                    _check_only(st, _slice_leaves(value, slice(s, min(s + cap, n - cap))))
                 tail_values = _slice_leaves(value, slice(n - cap, n))   # keeps every key: set() checks the key set
-                st.set(slice(0, cap), tail_values)       # checks everything before writing anything
-                st.forget_segments(0, cap)
-                self._drop_own_segments(0, cap)
+                _checked_write(st, slice(0, cap), tail_values, lambda: self._forget_rows(0, cap))
                 self._state.count, self._state.offset = cap, 0
                 self._state.total_written += n
                 self._state.version += 1
@@ -474,9 +518,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             start, _ = self._advance(n)
             try:
                 idx = slice(start, start + n) if cap is None or start + n <= cap else (np.arange(n) + start) % cap
-                st.set(idx, value)                       # checks everything before writing anything
-                st.forget_segments(start, n)
-                self._drop_own_segments(start, n)
+                _checked_write(st, idx, value, lambda: self._forget_rows(start, n))
             except BaseException:
                 self._state.count, self._state.offset = old
                 self._state.total_written = written
@@ -611,9 +653,24 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         path = self.cache_path if path is None else path
         if path is None:
             raise ValueError("dumps() needs a path for a buffer without cache_path")
-        os.makedirs(path, exist_ok=True)
-        self._st().dumps(os.path.join(os.fspath(path), self.storage_path_relative))
-        self._write_metadata(path)
+        st = self._st()
+        if self.multiprocessing and self._own_segments:
+            # every process kept its own copy of the storage's segment log: the shared table is the truth
+            with self._state.locked():
+                runs = self._state.get_segments() or []
+            cap = st.capacity
+            st.forget_segments(0, cap if cap is not None else max(len(st), 1))
+            for s, n in runs:
+                st._record_segment(s, n)
+        own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
+        with self._state.locked():      # rows and counters from one instant, even while other processes commit
+            if own:
+                st.dumps(os.path.join(os.fspath(path), self.storage_path_relative))
+                self._write_metadata(path)
+                return
+            with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
+                st.dumps(os.path.join(os.fspath(path), self.storage_path_relative))
+                self._write_metadata(path)
 
     def close(self) -> None:
         """Releases the buffer; closes the storage when the buffer created or loaded it. Idempotent."""

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, is_durable,
-                                    read_json, require_fields)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+                                    check_no_interrupted_dump, dump_transaction, is_durable, read_json,
+                                    require_fields)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -64,6 +66,8 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         #: the length changed since the metadata was last written (rows themselves need no metadata)
         self._meta_dirty = True
         self._saved_log_version = -1
+        #: False only for a raw file written without metadata (the reference's format): no segment list of its own
+        self._persistent_segments = True
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -136,6 +140,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise StorageNotFoundError(f"{cls.__name__} data file not found: {path}")
+        check_no_interrupted_dump(path, cls.__name__)
         cap_arg = _check_capacity(capacity)
         dtype, shape = cls._np_dtype(single_instance_space), tuple(single_instance_space.shape or ())
         row_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -174,6 +179,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             cap, length = rows, rows
             if rows == 0:
                 raise StorageFormatError(f"{path} is empty and has no metadata: cannot tell its capacity")
+            segments = None
         n_rows = cap if cap is not None else length
         if is_memmap is False:
             src = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=False)
@@ -181,9 +187,12 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                      else ArrayBlock(RAM, dtype, shape, n_rows))
             block.data[...] = src.data
             src.release()
-            return cls(single_instance_space, block, cap, length, segments, read_only=read_only)
-        block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
-        return cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+        else:
+            block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+        st._persistent_segments = segments is not None
+        return st
 
     # ------------------------------------------------------------------ properties
     @property
@@ -240,7 +249,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                 index = index.numpy()
             except Exception:
                 pass
-        if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu":
+        if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind == "i":
             # fast path: NumPy's take checks the range itself (negatives included); a failure is re-diagnosed
             if self._length == self._block.alloc_rows:
                 try:
@@ -353,6 +362,35 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         self._block.data[pos] = row
         self._advance_segment()
 
+    # ------------------------------------------------------------------ staging (see SpaceStorage)
+    @property
+    def _stage_checks_all(self) -> bool:
+        return True
+
+    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+        """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
+        self._check_writable()
+        norm = self._stage_index(index)
+        arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
+        return partial(self._write, norm, arr)
+
+    def _check_append_state(self) -> None:
+        # an open segment never holds more rows than the capacity: `==` is the full check (None: never)
+        if self._closed or self._read_only or self._seg_start is None or self._seg_len == self._capacity:
+            super()._check_append_state()  # raises the error that fits
+
+    def _stage_append(self, value: Any) -> Callable[[], None]:
+        """Checks the state and converts `value` now; the returned append only copies the row."""
+        self._check_append_state()
+        return partial(self._append_staged, self._conv.convert_single(value))
+
+    def _append_staged(self, row: np.ndarray) -> None:
+        """The append `_stage_append` returns: state and row were checked when it was staged."""
+        pos = self._next_write_position()  # may grow the block: read its data afterwards
+        self._block.data[pos] = row
+        self._seg_len += 1
+        self._seg_clear_rows -= 1
+
     # ------------------------------------------------------------------ growth
     def extend_length(self, length: int) -> None:
         """Adds `length` zero rows at the end (growable storages only; a no-op for a fixed capacity)."""
@@ -395,6 +433,15 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                 "dtype": sp.backend.dtype_name(sp.dtype), "shape": list(sp.shape or ()), "capacity": self._capacity,
                 "length": self._length, "segments": self._segments.to_json()}
 
+    def _segments_dropped(self) -> None:
+        if self._block.mode == MEMMAP and not self._read_only and self._block.path is not None:
+            self._write_sidecar(str(self._block.path))
+            self._meta_dirty = False
+            self._saved_log_version = self._segments.version
+
+    def _has_persistent_segments(self) -> bool:
+        return self._persistent_segments
+
     def _write_sidecar(self, data_path: str) -> None:
         atomic_write_json(sidecar_path(data_path), self._metadata())
 
@@ -418,7 +465,11 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                 return
             self.flush()
             return
-        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        with dump_transaction(path, directory=False):   # new rows + old metadata never look like a dataset
+            self._dump_rows(path)
+            self._write_sidecar(path)
+
+    def _dump_rows(self, path: str) -> None:
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with open(tmp, "wb") as f:
@@ -433,7 +484,6 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
-        self._write_sidecar(path)
 
     def close(self) -> None:
         """Persists the metadata of a writable memory-mapped storage, then releases the rows. Idempotent."""

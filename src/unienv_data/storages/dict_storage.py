@@ -15,6 +15,13 @@ raises ValueError (nothing is dropped silently), `get` returns the sample in the
 and `set` / `append` / writer appends check the whole sample (keys, then every child's value) before any child
 is written, so a refused write leaves every child untouched.
 
+Children are written only through the staging protocol of `SpaceStorage` (`_stage_set`, `_stage_append`,
+`_stage_writer`: check now, write when called), never through the internals of particular storage types; see
+`_dict_staging`. A child type without its own staging gets the `SpaceStorage` defaults, which check what they can
+(`_prepare_single`, or the Box / Binary conversion rules) and are staged and written before the other children, so
+a value such a child still refuses when written leaves the others untouched too. Routing (which child holds which
+leaves, how a sample is split and reassembled) lives in `_dict_routing`.
+
 Segments live in the children: every segment operation goes through all of them, so they record the same
 segments; `get_segments` checks that they agree. On `load_from`, segments that only some children recorded (a
 crash between two children's metadata writes) are forgotten, keeping those every child holds.
@@ -23,9 +30,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -34,354 +40,20 @@ from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json,
                                     confined_path, read_json, require_fields)
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
-from unienv_data.base.segment_writer import BufferedSegmentWriter, SegmentWriter
+from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.storage import SpaceStorage
-from unienv_data.base.values import LeafConverter
-from unienv_interface.space import DictSpace, Space
+from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils
 from unienv_interface.space.space_utils.flatten_utils import flatten_data, flatten_space, unflatten_data
-from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
-from ._array_storage import ArrayStorageBase
-from .flattened import FlattenedStorage
+from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor,
+                            route_space)
+from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, run_all
 
 METADATA_FILE = "dict_storage_metadata.json"
 
-Path = Tuple[str, ...]
-_Commit = Callable[[], None]
 
-
-# ---------------------------------------------------------------------------------------------------- routing
-@dataclass
-class _Route:
-    """Where one child's data sits in the full sample."""
-
-    key: str                 #: the storage-map key
-    kind: str                #: "node": the child holds the space at `root`; "pruned": a sub-dict of leaves under it
-    root: Path               #: path of the node the child's data is relative to
-    space: Space             #: the space the child stores
-    leaves: List[Path]       #: absolute paths of the leaves it holds, in space order
-
-
-def _join(path: Sequence[Any], sep: str) -> str:
-    return sep.join(map(str, path)) or "<root>"
-
-
-def _node_at(space: Space, path: Path) -> Optional[Space]:
-    node = space
-    for p in path:
-        if not isinstance(node, DictSpace) or p not in node.spaces:
-            return None
-        node = node.spaces[p]
-    return node
-
-
-def _leaf_paths(space: Space, sep: str, path: Path = ()) -> List[Path]:
-    """Absolute paths of the non-dict leaves of `space`, in space order (checks that keys are usable paths)."""
-    if not isinstance(space, DictSpace):
-        return [path]
-    out: List[Path] = []
-    for k, child in space.spaces.items():
-        if not isinstance(k, str):
-            raise TypeError(f"DictStorage needs string keys, got {k!r} under {_join(path, sep)!r}")
-        if sep in k or k == "*" or not k:
-            raise ValueError(f"space key {k!r} under {_join(path, sep)!r} cannot be part of a {sep!r}-separated "
-                             "key path; choose another nested_separator")
-        out.extend(_leaf_paths(child, sep, path + (k,)))
-    return out
-
-
-def _prune(node: DictSpace, keep: Set[Path]) -> DictSpace:
-    """The sub-DictSpace of `node` holding exactly the leaves `keep` (paths relative to `node`)."""
-    out: Dict[str, Space] = {}
-    for k, child in node.spaces.items():
-        sub = {p[1:] for p in keep if p and p[0] == k}
-        if not sub:
-            continue
-        if () in sub or not isinstance(child, DictSpace):
-            out[k] = child
-        else:
-            out[k] = _prune(child, sub)
-    return DictSpace(node.backend, out, metadata=node.metadata)
-
-
-def route_space(space: Space, keys: Sequence[str], groups: Mapping[str, Sequence[str]],
-                sep: str) -> List[_Route]:
-    """Assigns every leaf of `space` to exactly one storage-map key (see the module docstring)."""
-    if not isinstance(space, DictSpace):
-        raise TypeError(f"DictStorage stores a DictSpace, got {type(space).__name__}")
-    if not isinstance(sep, str) or not sep or sep == "*":
-        raise ValueError(f"nested_separator must be a non-empty string other than '*', got {sep!r}")
-    all_leaves = _leaf_paths(space, sep)
-    owner: Dict[Path, str] = {}
-    routes: Dict[str, _Route] = {}
-
-    def leaves_under(prefix: Path) -> List[Path]:
-        n = len(prefix)
-        return [lf for lf in all_leaves if lf[:n] == prefix]
-
-    def claim(key: str, leaves: List[Path]) -> None:
-        for lf in leaves:
-            if lf in owner:
-                raise ValueError(f"leaf {_join(lf, sep)!r} is claimed by both {owner[lf]!r} and {key!r}")
-            owner[lf] = key
-
-    for g in groups:
-        if g not in keys:
-            raise ValueError(f"group {g!r} has no entry in storage_cls_map (give it a storage class)")
-    wildcards: List[Tuple[str, Path]] = []
-    for key in keys:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"storage_cls_map keys must be non-empty strings, got {key!r}")
-        if key in groups:
-            if "*" in key:
-                raise ValueError(f"group name {key!r} must not contain '*'")
-            if _node_at(space, tuple(key.split(sep))) is not None:
-                raise ValueError(f"group name {key!r} is also a key path of the space; rename the group")
-            paths = groups[key]
-            if isinstance(paths, str) or not isinstance(paths, Sequence) or not paths:
-                raise TypeError(f"group {key!r} must list one or more key paths, got {paths!r}")
-            leaves_set: Set[Path] = set()
-            for p in paths:
-                if not isinstance(p, str) or "*" in p:
-                    raise ValueError(f"group {key!r}: {p!r} is not a key path")
-                parts = tuple(p.split(sep))
-                if _node_at(space, parts) is None:
-                    raise KeyError(f"group {key!r}: key path {p!r} matches nothing in the space "
-                                   f"(leaves: {[_join(lf, sep) for lf in all_leaves]})")
-                leaves_set.update(leaves_under(parts))
-            leaves = [lf for lf in all_leaves if lf in leaves_set]
-            if not leaves:
-                raise KeyError(f"group {key!r} matches no leaf of the space")
-            claim(key, leaves)
-            routes[key] = _Route(key, "pruned", (), _prune(space, set(leaves)), leaves)
-            continue
-        parts = tuple(key.split(sep))
-        if "*" in parts:
-            if parts[-1] != "*" or parts.count("*") != 1:
-                raise ValueError(f"storage_cls_map key {key!r}: '*' may only be the last part ('*' or 'prefix{sep}*')")
-            wildcards.append((key, parts[:-1]))
-            continue
-        node = _node_at(space, parts)
-        leaves = leaves_under(parts) if node is not None else []
-        if node is None or not leaves:
-            raise KeyError(f"storage_cls_map key {key!r} matches nothing in the space "
-                           f"(leaves: {[_join(lf, sep) for lf in all_leaves]})")
-        claim(key, leaves)
-        routes[key] = _Route(key, "node", parts, node, leaves)
-    for key, prefix in sorted(wildcards, key=lambda kp: -len(kp[1])):
-        node = _node_at(space, prefix)
-        if not isinstance(node, DictSpace):
-            raise KeyError(f"storage_cls_map key {key!r}: {_join(prefix, sep)!r} is not a sub-dict of the space")
-        residual = [lf for lf in leaves_under(prefix) if lf not in owner]
-        if not residual:
-            raise KeyError(f"storage_cls_map key {key!r} matches nothing: every leaf under {_join(prefix, sep)!r} "
-                           "is claimed by another entry")
-        claim(key, residual)
-        n = len(prefix)
-        routes[key] = _Route(key, "pruned", prefix, _prune(node, {lf[n:] for lf in residual}), residual)
-    unclaimed = [_join(lf, sep) for lf in all_leaves if lf not in owner]
-    if unclaimed:
-        raise ValueError(f"no storage_cls_map entry claims the key(s) {unclaimed}; add them (or a '*' entry) "
-                         "to storage_cls_map")
-    return [routes[k] for k in keys]
-
-
-def child_relative_path(key: str, cls: Type[SpaceStorage], sep: str) -> str:
-    """File or directory name of a child: the key with the separator as '.', '*' as '_default', plus its ext
-    (a path separator left in a key, possible with another `nested_separator`, is written as '%2F')."""
-    name = key.replace(sep, ".").replace("*", "_default") + (cls.single_file_ext or "")
-    for s in {os.sep, os.altsep or os.sep, "/"}:
-        name = name.replace(s, "%2F")
-    bad = "\x00" in name or name in ("", ".", "..")
-    if bad:
-        raise ValueError(f"storage_cls_map key {key!r} does not give a usable file name ({name!r})")
-    return name
-
-
-# ---------------------------------------------------------------------------------------------------- staging
-def _dig(value: Any, path: Path) -> Any:
-    for p in path:
-        value = value[p]
-    return value
-
-
-def _overrides_prepare(child: SpaceStorage) -> bool:
-    return type(child)._prepare_single is not SpaceStorage._prepare_single
-
-
-def _check_generic(child: SpaceStorage, value: Any, lead: Tuple[int, ...]) -> None:
-    """Checks a value for a child of unknown type without writing: through the `LeafConverter` a single-leaf
-    storage keeps as `_conv` (video, image storages), else through its `_prepare_single` hook (when it has one)."""
-    conv = getattr(child, "_conv", None)
-    if isinstance(conv, LeafConverter):
-        if lead:
-            conv.convert(value, lead)
-        else:
-            conv.convert_single(value)
-        return
-    if not _overrides_prepare(child):
-        return
-    if not lead:
-        child._prepare_single(value)
-        return
-    n = lead[0]
-    got = batch_utils.batch_size_data(value)
-    if got != n:
-        raise ValueError(f"expected a batch of {n} elements, got {got}")
-    batched = batch_utils.batch_space(child.single_instance_space, n)
-    for j in range(n):
-        try:
-            item = batch_utils.get_at(batched, value, j)
-        except IndexError:
-            raise ValueError(f"expected a batch of {n} elements in every leaf; element {j} is missing") from None
-        child._prepare_single(item)
-
-
-def _stage_set(child: SpaceStorage, key: Any, lead: Tuple[int, ...], value: Any) -> _Commit:
-    """Checks `value` for `child.set(key, ...)` without writing; returns the write. Children of unknown type are
-    checked as far as their hooks allow (their own `set` checks again; DictStorage writes them first)."""
-    if isinstance(child, DictStorage):
-        return child._stage_set(key, lead, value)
-    if isinstance(child, ArrayStorageBase):
-        arr = child._conv.convert(value, lead)
-        return partial(child._write_rows_trusted, key, arr)
-    if isinstance(child, FlattenedStorage) and child._fast:
-        plan, inner = child._plan, child.inner_storage
-        if lead:
-            arrs = plan.check_batch(value, lead)
-            if arrs is not None:
-                return partial(inner._write_via, key, plan.write_checked_batch, arrs)  # type: ignore[attr-defined]
-        rows = plan.pack(value, lead)
-        return partial(inner._write_rows_trusted, key, rows)  # type: ignore[attr-defined]
-    _check_generic(child, value, lead)
-    return partial(child.set, key, value)
-
-
-def _appender(child: SpaceStorage) -> Tuple[Callable[[Any], Any], Callable[[Any], None]]:
-    """`(stage, commit)` for appends to `child`: `stage(value)` checks one element without writing and returns a
-    payload; `commit(payload)` appends it at the child's open segment."""
-    if isinstance(child, DictStorage):
-        return child._stage_append_parts, child._commit_append_parts
-    if isinstance(child, ArrayStorageBase):
-        return child._conv.convert_single, child._append_row_trusted
-    if isinstance(child, FlattenedStorage) and child._fast:
-        return partial(_flat_stage_single, child._plan), partial(_flat_append, child.inner_storage)
-    return partial(_generic_stage_single, child), child.append
-
-
-def _flat_stage_single(plan: Any, value: Any) -> Tuple[Callable[[np.ndarray, Any], None], Any]:
-    arrs = plan.check_single(value)
-    if arrs is not None:
-        plan.check_row_casts(arrs)
-        return plan.write_checked, arrs
-    return _copy_row, plan.pack(value)
-
-
-def _copy_row(dst: np.ndarray, row: np.ndarray) -> None:
-    dst[...] = row
-
-
-def _flat_append(inner: Any, payload: Tuple[Callable[[np.ndarray, Any], None], Any]) -> None:
-    inner._append_via(payload[0], payload[1])
-
-
-def _generic_stage_single(child: SpaceStorage, value: Any) -> Any:
-    _check_generic(child, value, ())
-    return value
-
-
-def _generic_prepare_single(child: SpaceStorage, value: Any) -> Any:
-    if not _overrides_prepare(child):
-        _check_generic(child, value, ())
-    return child._prepare_single(value)
-
-
-def _record_in(child: SpaceStorage, start: int, length: int) -> None:
-    # FlattenedStorage keeps its segments in its inner storage but does not forward `_record_segment`
-    if isinstance(child, FlattenedStorage):
-        child.inner_storage._record_segment(start, length)
-    else:
-        child._record_segment(start, length)
-
-
-# ---------------------------------------------------------------------------------------------------- writer
-class _ChildFeed:
-    """How a `_DictSegmentWriter` hands one sample part to one child writer: `prepare` checks it (before any
-    child writer is touched), `push(prepared, raw)` appends it."""
-
-    __slots__ = ("writer", "prepare", "push")
-
-    def __init__(self, child: SpaceStorage) -> None:
-        if isinstance(child, DictStorage):
-            w: SegmentWriter = child.open_segment_writer()
-            dw: _DictSegmentWriter = w  # type: ignore[assignment]
-            self.prepare: Callable[[Any], Any] = dw._prepare
-            self.push: Callable[[Any, Any], None] = lambda p, _raw: dw._push(p)
-        elif isinstance(child, FlattenedStorage) and child._fast:
-            # rows are packed (and checked) once, then buffered by a writer of the inner array storage
-            w = child.inner_storage.open_segment_writer()
-            bw: BufferedSegmentWriter = w  # type: ignore[assignment]
-            self.prepare = child._plan.pack
-            self.push = lambda p, _raw: bw.append_prepared(p)
-        else:
-            w = child.open_segment_writer()
-            if isinstance(w, BufferedSegmentWriter):
-                buffered = w
-                self.prepare = partial(_generic_prepare_single, child)
-                self.push = lambda p, _raw: buffered.append_prepared(p)
-            else:
-                other = w
-                self.prepare = partial(_check_generic, child, lead=())
-                self.push = lambda _p, raw: other.append(raw)
-        self.writer = w
-
-
-class _DictSegmentWriter(SegmentWriter):
-    """One writer per child; appends check the whole sample first, `commit(start)` commits every child at `start`."""
-
-    def __init__(self, storage: "DictStorage") -> None:
-        super().__init__(storage)
-        feeds = [_ChildFeed(c) for c in storage._storages]
-        order = storage._write_order
-        self._feeds = [feeds[i] for i in order]
-        self._extract = [storage._extractors[i] for i in order]
-        self._dict_storage = storage
-
-    def _prepare(self, value: Any) -> List[Any]:
-        self._dict_storage._check_structure(value)
-        parts = [ex(value) for ex in self._extract]
-        return [(f.prepare(p), p) for f, p in zip(self._feeds, parts)]
-
-    def _push(self, prepared: List[Any]) -> None:
-        if self.is_finished:
-            raise StorageStateError(f"Cannot append to a {self.state} segment writer")
-        for f, (p, raw) in zip(self._feeds, prepared):
-            f.push(p, raw)
-        self._length += 1
-
-    def _append(self, value: Any) -> None:
-        prepared = self._prepare(value)
-        for f, (p, raw) in zip(self._feeds, prepared):
-            f.push(p, raw)
-
-    def finish(self) -> None:
-        super().finish()
-        for f in self._feeds:
-            f.writer.finish()
-
-    def _commit(self, start: int) -> None:
-        for f in self._feeds:
-            f.writer.commit(start)
-
-    def abort(self) -> None:
-        super().abort()
-        for f in self._feeds:
-            if f.writer.state != "committed":
-                f.writer.abort()
-
-
-# ---------------------------------------------------------------------------------------------------- storage
 @register_storage
 class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     """Stores a `DictSpace` as one child storage per key path (see the module docstring for the routing).
@@ -417,8 +89,8 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             if not isinstance(child, SpaceStorage):
                 raise TypeError(f"child {r.key!r} must be a SpaceStorage, got {type(child).__name__}")
             if child.single_instance_space != r.space:
-                raise ValueError(f"child {r.key!r} stores {_brief(child.single_instance_space)}, but the space at "
-                                 f"that key is {_brief(r.space)}")
+                raise ValueError(f"child {r.key!r} stores {describe_space(child.single_instance_space)}, but the "
+                                 f"space at that key is {describe_space(r.space)}")
         caps = {r.key: c.capacity for r, c in zip(routes, children)}
         if len(set(caps.values())) != 1:
             raise ValueError(f"DictStorage children must share one capacity, got {caps}")
@@ -443,62 +115,12 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     # ------------------------------------------------------------------ compiled access plans
     def _compile(self) -> None:
-        sp = self.single_instance_space
-        owner: Dict[Path, Tuple[int, Path]] = {}
-        for i, r in enumerate(self._routes):
-            for lf in r.leaves:
-                owner[lf] = (i, lf[len(r.root):])
-        self._dict_nodes: List[Tuple[Path, frozenset]] = []
-
-        def nodes(node: Space, path: Path) -> None:
-            if isinstance(node, DictSpace):
-                self._dict_nodes.append((path, frozenset(node.spaces)))
-                for k, child in node.spaces.items():
-                    nodes(child, path + (k,))
-        nodes(sp, ())
-        self._root_keys = self._dict_nodes[0][1]
-        self._flat_space = all(len(p) == 0 for p, _ in self._dict_nodes)
-
-        def assembler(node: Space, path: Path) -> Callable[[List[Any]], Any]:
-            if isinstance(node, DictSpace):
-                items = [(k, assembler(child, path + (k,))) for k, child in node.spaces.items()]
-                return lambda outs: {k: f(outs) for k, f in items}
-            ci, rel = owner[path]
-            if not rel:
-                return lambda outs: outs[ci]
-            if len(rel) == 1:
-                k0 = rel[0]
-                return lambda outs: outs[ci][k0]
-            return lambda outs: _dig(outs[ci], rel)
-        self._assemble = assembler(sp, ())
-
-        def picker(node: DictSpace) -> Callable[[Any], Any]:
-            items = [(k, picker(child) if isinstance(child, DictSpace) else None) for k, child in node.spaces.items()]
-            if all(f is None for _, f in items):
-                keys = [k for k, _ in items]
-                return lambda v: {k: v[k] for k in keys}
-            return lambda v: {k: (v[k] if f is None else f(v[k])) for k, f in items}
-
-        self._extractors: List[Callable[[Any], Any]] = []
-        for r in self._routes:
-            root = r.root
-            if r.kind == "node":
-                if len(root) == 1:
-                    self._extractors.append(partial(_getitem, key=root[0]))
-                else:
-                    self._extractors.append(partial(_dig, path=root))
-            else:
-                pick = picker(r.space)  # type: ignore[arg-type]
-                self._extractors.append(pick if not root else partial(_pick_under, pick=pick, path=root))
-        # children of unknown types are written first: if one refuses after all, no other child was touched
-        known = (DictStorage, ArrayStorageBase, FlattenedStorage)
-        generic = [i for i, c in enumerate(self._storages) if not isinstance(c, known)]
-        self._write_order = generic + [i for i in range(len(self._storages)) if i not in generic]
-        appenders = [_appender(self._storages[i]) for i in self._write_order]
-        self._append_stages = [(a[0], self._extractors[i]) for a, i in zip(appenders, self._write_order)]
-        self._append_commits = [a[1] for a in appenders]
+        self._assemble = assembler(self.single_instance_space, self._routes)
+        check = StructureCheck(self.single_instance_space, self.nested_separator).check
         #: children opened read-only stay read-only (checked again by each child on write)
         self._all_mutable = all(c.is_mutable for c in self._storages)
+        self._stager = Stager(self, self._storages, [extractor(r) for r in self._routes], check)
+        self._staged_appends = self._stager.stage_append
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -545,11 +167,7 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             st = cls(single_instance_space, children, nested_separator=nested_separator, groups=groups,
                      storage_paths=paths, cache_filename=cache_path)
         except BaseException:
-            for child in children.values():
-                try:
-                    child.close()
-                except Exception:  # noqa: BLE001 - cleanup after the real error
-                    pass
+            _close_all(children.values(), quiet=True)
             raise
         st._owns_children = True
         if cache_path is not None:
@@ -595,7 +213,7 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             raise ValueError(f"{path} was written with capacity {stored_cap}, not {capacity}: pass "
                              f"capacity={stored_cap} or omit it")
         if "space" in meta:
-            _check_stored_space(meta["space"], single_instance_space, path, meta_path, sep)
+            check_stored_space(meta["space"], single_instance_space, path, meta_path, sep)
         keys = list(entries)
         cls._check_key_kwargs(key_kwargs, keys)
         routes = route_space(single_instance_space, keys, groups_raw, sep)
@@ -610,11 +228,7 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             st = cls(single_instance_space, children, nested_separator=sep, groups=groups_raw,
                      storage_paths={k: v[1] for k, v in entries.items()}, cache_filename=path if all_cached else None)
         except BaseException:
-            for child in children.values():
-                try:
-                    child.close()
-                except Exception:  # noqa: BLE001 - cleanup after the real error
-                    pass
+            _close_all(children.values(), quiet=True)
             raise
         st._owns_children = True
         st._reconcile_segments()
@@ -684,34 +298,6 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         kids = ", ".join(f"{k!r}: {type(c).__name__}" for k, c in self._by_key.items())
         return f"DictStorage({{{kids}}}, capacity={self.capacity if not self._closed else '?'})"
 
-    # ------------------------------------------------------------------ structure checks
-    def _check_structure(self, value: Any) -> None:
-        """KeyError naming missing / extra keys, TypeError where a dict was expected (before anything is written)."""
-        if self._flat_space:
-            if type(value) is not dict and not isinstance(value, Mapping):
-                raise TypeError(f"expected a dict with keys {sorted(self._root_keys)}, got {type(value).__name__}")
-            if value.keys() != self._root_keys:
-                self._key_error(value, (), self._root_keys)
-            return
-        for path, keyset in self._dict_nodes:
-            v = value
-            for p in path:
-                v = v[p]
-            if not isinstance(v, Mapping):
-                where = f" at {_join(path, self.nested_separator)!r}" if path else ""
-                raise TypeError(f"expected a dict{where} with keys {sorted(keyset)}, got {type(v).__name__}")
-            if v.keys() != keyset:
-                self._key_error(v, path, keyset)
-
-    def _key_error(self, value: Mapping, path: Path, expected: frozenset) -> None:
-        at = f" under {_join(path, self.nested_separator)!r}" if path else ""
-        missing = sorted(map(str, expected - set(value.keys())))
-        if missing:
-            raise KeyError(f"missing key(s) {missing}{at}: the space expects {sorted(expected)}")
-        extra = sorted(map(str, set(value.keys()) - expected))
-        raise KeyError(f"unexpected key(s) {extra}{at}: the space expects {sorted(expected)} "
-                       "(extra keys are never dropped silently)")
-
     # ------------------------------------------------------------------ reads
     def get(self, index: Any) -> Any:
         """Sample(s) at `index` as a dict in the space's key order (copies); an int-like index gives one sample."""
@@ -729,22 +315,21 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         n = batch_utils.batch_size_data(data)
         return flatten_data(batch_utils.batch_space(self.single_instance_space, n), data, start_dim=1)
 
-    # ------------------------------------------------------------------ writes
-    def _stage_set(self, key: Any, lead: Tuple[int, ...], value: Any) -> _Commit:
+    # ------------------------------------------------------------------ writes (staged: see _dict_staging)
+    @property
+    def _stage_checks_all(self) -> bool:
+        return all(c._stage_checks_all for c in self._storages)
+
+    def _stage_set(self, index: Any, value: Any) -> Commit:
+        """Checks the whole sample or batch for `set(index, ...)` (keys, then every child's part) without writing;
+        returns the writes."""
         self._check_writable()
-        self._check_structure(value)
-        commits = []
-        for i in self._write_order:
-            commits.append(_stage_set(self._storages[i], key, lead, self._extractors[i](value)))
-        return partial(_run_all, commits)
+        return self._stager.stage_set(self._stage_index(index), value)
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole sample (keys, then every child's value) and writes it at `index`; on any error no child
         is written."""
-        self._check_writable()
-        norm = normalize_index(index, len(self), type(self).__name__)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._stage_set(norm.numpy_key(), lead, value)()
+        self._stage_set(index, value)()
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`flatten_data` layout of the whole space); a row whose columns do not read back to the
@@ -770,43 +355,23 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             col = int(np.argwhere(~same)[0][-1])
             raise ValueError(f"flat column {col} holds a value that is not valid for its key (it would not read back "
                              "unchanged); convert the data explicitly")
-        self._stage_set(norm.numpy_key(), () if norm.single is not None else (norm.count(),), data)()
+        self._stager.stage_set(norm, data)()
 
     def _prepare_single(self, value: Any) -> Any:
-        """Checks one sample for every child (nothing is written) and returns a copy of it (so a buffering writer
-        keeps a snapshot); `_stack_prepared` / `_set_prepared` are the defaults (stack, then `set`)."""
-        self._check_structure(value)
-        for (stage, extract), i in zip(self._append_stages, self._write_order):
-            child, part = self._storages[i], extract(value)
-            if isinstance(child, DictStorage):
-                child._prepare_single(part)  # its append stage also checks the segment state
-            else:
-                stage(part)
-        return _copy_tree(value)
+        """Checks one sample for every child (nothing is written, no segment state involved) and returns a copy of
+        it (so a buffering writer keeps a snapshot); `_stack_prepared` / `_set_prepared` are the defaults (stack,
+        then `set`)."""
+        return self._stager.prepare_single(value)
 
     # ------------------------------------------------------------------ segments
-    def _stage_append_parts(self, value: Any) -> List[Any]:
-        """Checks one sample for every child (state, keys, values) without writing; returns the children's payloads."""
-        if self._closed or not self._all_mutable:
-            self._check_writable()
-        first = self._storages[0]
-        if not first.has_open_segment:
-            raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
-                                    "mark_segment_start(start) first")
-        cap = first.capacity
-        if cap is not None and first.pending_segment_length >= cap:
-            raise ValueError(f"the open segment already holds {cap} rows = the capacity {cap}; one more would "
-                             "overwrite its own first row")
-        self._check_structure(value)
-        return [stage(extract(value)) for stage, extract in self._append_stages]
-
-    def _commit_append_parts(self, payloads: List[Any]) -> None:
-        for commit, payload in zip(self._append_commits, payloads):
-            commit(payload)
+    def _stage_append(self, value: Any) -> Commit:
+        """Checks one sample for every child (state, keys, values) without writing; returns the appends."""
+        return partial(run_all, self._staged_appends(value))
 
     def append(self, value: Any) -> None:
         """Checks one sample for every child, then writes it at the open segment's next row in each child."""
-        self._commit_append_parts(self._stage_append_parts(value))
+        for commit in self._staged_appends(value):
+            commit()
 
     @property
     def has_open_segment(self) -> bool:
@@ -829,15 +394,20 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         for c in self._storages:
             c.mark_segment_start(start)
 
-    def mark_segment_end(self) -> None:
-        self._check_open()
+    def _each_child(self, method: str, *args: Any, write: bool = False) -> None:
+        """Checks this storage (open, or writable with `write`), then calls `method(*args)` on every child."""
+        if write:
+            self._check_writable()
+        else:
+            self._check_open()
         for c in self._storages:
-            c.mark_segment_end()
+            getattr(c, method)(*args)
+
+    def mark_segment_end(self) -> None:
+        self._each_child("mark_segment_end")
 
     def abort_segment(self) -> None:
-        self._check_open()
-        for c in self._storages:
-            c.abort_segment()
+        self._each_child("abort_segment")
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         """The segments every child records (they must agree; children keeping no segment information are
@@ -856,35 +426,31 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         return list(values[0])
 
     def forget_segments(self, start: int, length: int) -> None:
-        self._check_open()
-        for c in self._storages:
-            c.forget_segments(start, length)
+        self._each_child("forget_segments", start, length)
 
     def _record_segment(self, start: int, length: int) -> None:
         for c in self._storages:
-            _record_in(c, start, length)
+            c._record_segment(start, length)
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer holding one writer per child; `commit(start)` commits every child at `start`."""
         self._check_writable()
-        return _DictSegmentWriter(self)
+        return DictSegmentWriter(self, self._stager)
+
+    def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Commit]]:
+        writer = DictSegmentWriter(self, self._stager)
+        return writer, writer.stage
 
     # ------------------------------------------------------------------ size
     def extend_length(self, length: int) -> None:
-        self._check_writable()
-        for c in self._storages:
-            c.extend_length(length)
+        self._each_child("extend_length", length, write=True)
 
     def shrink_length(self, length: int) -> None:
-        self._check_writable()
-        for c in self._storages:
-            c.shrink_length(length)
+        self._each_child("shrink_length", length, write=True)
 
     def clear(self) -> None:
         """Clears every child (aborts the open segment, forgets segments, resets or empties rows)."""
-        self._check_writable()
-        for c in self._storages:
-            c.clear()
+        self._each_child("clear", write=True)
 
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:
@@ -929,14 +495,7 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             return
         self._closed = True
         if self._owns_children:
-            errors = []
-            for c in self._storages:
-                try:
-                    c.close()
-                except Exception as exc:  # noqa: BLE001 - close the others, then report
-                    errors.append(exc)
-            if errors:
-                raise errors[0]
+            _close_all(self._storages)
 
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()
@@ -950,57 +509,16 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self._owns_children = state["owns"]
 
 
-def _copy_tree(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _copy_tree(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    clone = getattr(value, "clone", None)
-    return clone() if callable(clone) else value
-
-
-def _brief(space: Any) -> str:
-    try:
-        return str(space.get_repr(True, False, False))
-    except Exception:  # noqa: BLE001 - a description only
-        return type(space).__name__
-
-
-def _getitem(value: Any, key: str) -> Any:
-    return value[key]
-
-
-def _pick_under(value: Any, pick: Callable[[Any], Any], path: Path) -> Any:
-    return pick(_dig(value, path))
-
-
-def _run_all(commits: List[_Commit]) -> None:
-    for commit in commits:
-        commit()
-
-
-def _check_stored_space(js: Any, space: Space, path: str, meta_path: str, sep: str) -> None:
-    """ValueError naming the differences when the given space is not the one the data was written with."""
-    try:
-        stored = json_to_space(js, space.backend, space.device)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
-    if stored == space:
-        return
-    s_leaves = {_join(p, sep): _node_at(stored, p) for p in _leaf_paths(stored, sep)} if isinstance(stored, DictSpace) else {}
-    g_leaves = {_join(p, sep): _node_at(space, p) for p in _leaf_paths(space, sep)} if isinstance(space, DictSpace) else {}
-    parts = []
-    missing = sorted(set(s_leaves) - set(g_leaves))
-    added = sorted(set(g_leaves) - set(s_leaves))
-    if missing:
-        parts.append(f"stored keys missing from the space: {missing}")
-    if added:
-        parts.append(f"space keys not in the stored data: {added}")
-    for k in sorted(set(s_leaves) & set(g_leaves)):
-        a, b = s_leaves[k], g_leaves[k]
-        if a != b:
-            parts.append(f"key {k!r}: stored {_brief(a)}, given {_brief(b)}")
-    raise ValueError(f"the space does not match the one stored in {path}: {'; '.join(parts) or 'they differ'}")
+def _close_all(storages: Iterable[SpaceStorage], quiet: bool = False) -> None:
+    """Closes every storage, then raises the first error (none with `quiet`: cleanup after another error)."""
+    errors = []
+    for c in storages:
+        try:
+            c.close()
+        except Exception as exc:  # noqa: BLE001 - close the others first
+            errors.append(exc)
+    if errors and not quiet:
+        raise errors[0]
 
 
 __all__ = ["DictStorage", "METADATA_FILE", "route_space", "child_relative_path"]

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Optional, Set, Type, Union
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
-                                    confined_path, read_json, require_fields)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, check_no_interrupted_dump, confined_path, dump_transaction, read_json, require_fields)
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
-from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
+from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
@@ -157,6 +157,7 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         meta_path = os.path.join(path, METADATA_FILE)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"FlattenedStorage directory not found: {path}")
+        check_no_interrupted_dump(path, "FlattenedStorage")
         meta = read_json(meta_path, "FlattenedStorage metadata")
         version = check_format_version(meta, meta_path)
         require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path"), meta_path)
@@ -342,6 +343,57 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             self, inner_writer,
             lambda v: self.backend.from_numpy(self._plan.pack(v), dtype=self._plan.flat_space.dtype, device=self.device))
 
+    # ------------------------------------------------------------------ staging (see SpaceStorage)
+    @property
+    def _stage_checks_all(self) -> bool:
+        return self._fast or self.inner_storage._stage_checks_all
+
+    def _rows_to_inner(self, rows: np.ndarray) -> Any:
+        return self.backend.from_numpy(rows, dtype=self._plan.flat_space.dtype, device=self.device)
+
+    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+        """Checks and packs `value` for `set(index, ...)` now (a checked batch over an array storage is written
+        leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
+        self._check_writable()
+        norm = self._stage_index(index)
+        key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
+        if not self._fast:
+            return self.inner_storage._stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
+        inner: Any = self.inner_storage
+        if lead:
+            arrs = self._plan.check_batch(value, lead)
+            if arrs is not None:
+                return partial(inner._write_via, key, self._plan.write_checked_batch, arrs)
+        return partial(inner._write_rows_trusted, key, self._plan.pack(value, lead))
+
+    def _stage_append(self, value: Any) -> Callable[[], None]:
+        """Checks the state and the sample now; over an array storage the append writes the checked leaves
+        straight into the next row."""
+        if self._closed:
+            self._check_open()
+        inner: Any = self.inner_storage
+        if not self._fast:
+            return inner._stage_append(self._rows_to_inner(self._plan.pack(value)))
+        inner._check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
+        arrs = self._plan.check_single(value)
+        if arrs is not None:
+            self._plan.check_row_casts(arrs)
+            return partial(inner._append_via, self._plan.write_checked, arrs)
+        return partial(inner._append_row_trusted, self._plan.pack(value))
+
+    def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:
+        """A writer of the inner storage (which holds this storage's segments) and `stage(value)`, which packs the
+        sample (the check) and hands the row to it."""
+        pack = self._plan.pack
+        if self._fast:
+            writer = self.inner_storage.open_segment_writer()
+            if isinstance(writer, BufferedSegmentWriter):
+                buffered = writer
+                return writer, lambda value: partial(buffered.append_prepared, pack(value))
+            writer.abort()
+        inner_writer, inner_stage = self.inner_storage._stage_writer()
+        return inner_writer, lambda value: inner_stage(self._rows_to_inner(pack(value)))
+
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:
         return {"storage_type": "FlattenedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
@@ -365,9 +417,18 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def dumps(self, path: Union[str, PathLike]) -> None:
         """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
         self._check_open()
-        os.makedirs(path, exist_ok=True)
-        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
-        self._write_metadata(path)
+        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
+            os.fspath(self._cache_filename))
+        if own:
+            self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
+            self._write_metadata(path)
+            return
+        with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
+            self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
+            self._write_metadata(path)
+
+    def _has_persistent_segments(self) -> bool:
+        return self.inner_storage._has_persistent_segments()
 
     def close(self) -> None:
         """Closes the inner storage if this object created or loaded it; idempotent."""

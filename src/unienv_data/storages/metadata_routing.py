@@ -17,12 +17,13 @@ Defaults (where this library differs from the reference, it says why):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 from unienv_data.base.files import PathLike
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import BoxSpace, DictSpace, Space
 
+from ._dict_routing import leaf_items
 from .dict_storage import DictStorage
 from .flattened import FlattenedStorage
 
@@ -59,15 +60,6 @@ def _is_hw3_uint8(space: Space) -> bool:
     return len(shape) == 3 and shape[-1] == 3
 
 
-def _leaves(space: Space, path: Tuple[str, ...] = ()) -> List[Tuple[Tuple[str, ...], Space]]:
-    if isinstance(space, DictSpace):
-        out: List[Tuple[Tuple[str, ...], Space]] = []
-        for k, child in space.spaces.items():
-            out.extend(_leaves(child, path + (str(k),)))
-        return out
-    return [(path, space)]
-
-
 def dict_storage_kwargs_from_space(
         space: Space, *, kind_storage_cls: Optional[Mapping[str, Type[SpaceStorage]]] = None,
         key_storage_cls: Optional[Mapping[str, Type[SpaceStorage]]] = None,
@@ -100,7 +92,8 @@ def dict_storage_kwargs_from_space(
     storage_cls_map: Dict[str, Type[SpaceStorage]] = {}
     out_kwargs: Dict[str, Dict[str, Any]] = {}
     residual = False
-    for path, leaf in _leaves(space):
+    for raw_path, leaf in leaf_items(space):
+        path = tuple(map(str, raw_path))
         key = nested_separator.join(path)
         if any(nested_separator.join(path[:i]) in by_key for i in range(1, len(path) + 1)):
             continue  # routed explicitly (the leaf itself or a sub-dict holding it)

@@ -35,12 +35,13 @@ the metadata). With a replay buffer: `ReplayBuffer.create(DictStorage, space, ca
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, List, Mapping, Optional, Type
 
 from unienv_data.base.files import PathLike
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 
+from ._dict_routing import leaf_items
 from .dict_storage import DictStorage
 from .flattened import FlattenedStorage
 from .metadata_routing import backend_array_storage
@@ -68,16 +69,6 @@ def _video_storage_cls() -> Type[SpaceStorage]:
     return VideoStorage  # type: ignore[no-any-return]
 
 
-def _leaves(space: DictSpace, path: Tuple[str, ...] = ()) -> List[Tuple[Tuple[str, ...], Space]]:
-    out: List[Tuple[Tuple[str, ...], Space]] = []
-    for k, child in space.spaces.items():
-        if isinstance(child, DictSpace):
-            out.extend(_leaves(child, path + (k,)))
-        else:
-            out.append((path + (k,), child))
-    return out
-
-
 def native_layout_kwargs(space: Space, *, image_storage: str = "array",
                          video_kwargs: Optional[Mapping[str, Any]] = None,
                          nested_separator: str = "/") -> Dict[str, Any]:
@@ -94,7 +85,7 @@ def native_layout_kwargs(space: Space, *, image_storage: str = "array",
     storage_cls_map: Dict[str, Type[SpaceStorage]] = {}
     key_kwargs: Dict[str, Dict[str, Any]] = {}
     by_dtype: "OrderedDict[str, List[str]]" = OrderedDict()
-    for path, leaf in _leaves(space):
+    for path, leaf in leaf_items(space):
         key = sep.join(path)
         if is_image_leaf(leaf):
             storage_cls_map[key] = image_cls
@@ -153,7 +144,7 @@ def load_native_storage(path: PathLike, space: Space, *, capacity: Optional[int]
 def native_bytes_per_sample(space: Space) -> int:
     """Bytes one sample of `space` takes with every Box / Binary leaf in its own dtype."""
     total = 0
-    for _path, leaf in _leaves(space) if isinstance(space, DictSpace) else [((), space)]:
+    for _path, leaf in leaf_items(space):
         if isinstance(leaf, (BoxSpace, BinarySpace)):
             n = 1
             for d in leaf.shape:

@@ -1,0 +1,67 @@
+"""`unienv-data`: the command-line tool (also `python -m unienv_data`).
+
+Commands (each has `--help`):
+
+* `demo --out DIR`: record synthetic robot episodes with the native layout, reopen, sample, summarise, preview;
+* `info PATH`: space tree, storage per key, capacity, length, segments, bytes per key, format versions;
+* `verify PATH`: metadata, file sizes, every row readable, checksums where present (exit 1 on damage);
+* `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames;
+* `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept;
+* `export-video PATH KEY OUT.mp4`: one camera key as a video file.
+
+Exit codes: 0 success; 1 failure or damage found (the message names the file); 2 bad command line.
+Importing this package imports no optional library: each command imports what it needs when it runs and says
+which package (or extra) to install when it is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from ._common import CLIError
+
+COMMANDS = ("demo", "info", "verify", "plot", "convert", "export_video")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from importlib import import_module
+    from unienv_data import __version__
+    parser = argparse.ArgumentParser(
+        prog="unienv-data", description="Look inside, check, plot and convert unienv trajectory datasets.",
+        epilog="Run 'unienv-data <command> --help' for the options of a command. Exit codes: 0 success, "
+               "1 failure or damage found, 2 bad command line.")
+    parser.add_argument("--version", action="version", version=f"unienv-data {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name in COMMANDS:
+        import_module(f"{__name__}.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the command line `argv` (default: `sys.argv[1:]`); returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.run(args))
+    except CLIError as exc:
+        if args.debug:
+            raise
+        print(f"unienv-data {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        if args.debug:
+            raise
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"unienv-data {args.command}: error: {type(exc).__name__}: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"unienv-data {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["main", "build_parser", "CLIError"]

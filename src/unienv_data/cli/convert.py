@@ -1,0 +1,169 @@
+"""`unienv-data convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset in another layout.
+
+SRC is any dataset `info` recognises (a ReplayBuffer directory or a storage); DST is written as a `ReplayBuffer`
+directory with the same space and capacity, rows in SRC's logical order (oldest first), every episode (segment)
+kept with its boundaries, rows outside any episode copied as they are. Layouts:
+
+* `flattened`: one `FlattenedStorage` row per step (the reference layout; mixed dtypes are promoted to one row
+  dtype, so uint8 images next to float32 keys take 4x their bytes: a FlattenPromotionWarning says so);
+* `native`: the native layout (every leaf in its own dtype, low-dimensional leaves in one flat row per dtype,
+  images in their own uint8 array storage);
+* `native-video`: the same with images in a `VideoStorage` (`--codec`, `--lossless`, `--crf`).
+
+The copy streams: SRC is read `--chunk` rows at a time, so memory stays bounded by one chunk whatever the size.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ._common import (CLIError, Progress, add_backend_flag, add_output_flags, human_bytes, prepare_output_dir,
+                      print_json, rate)
+
+LAYOUTS = ("flattened", "native", "native-video")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("convert", help="rewrite a dataset in another layout (streaming, segments kept)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", metavar="SRC", help="dataset to read")
+    p.add_argument("dst", metavar="DST", help="directory to write (must not exist or be empty, unless --force)")
+    p.add_argument("--layout", choices=LAYOUTS, required=True, help="layout of DST")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="capacity of DST (default: SRC's capacity; 0 means growable)")
+    p.add_argument("--chunk", type=int, default=256, help="rows read from SRC at a time (default 256)")
+    p.add_argument("--codec", default="auto", help="native-video: encoder (default auto: the first that works here)")
+    p.add_argument("--lossless", action="store_true", help="native-video: a lossless codec (frames kept exactly)")
+    p.add_argument("--crf", type=int, default=None, help="native-video: quality of a lossy H.264/AV1 codec")
+    p.add_argument("--force", action="store_true", help="replace DST if it holds files")
+    add_backend_flag(p)
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def storage_for_layout(space: Any, layout: str, codec: str = "auto", lossless: bool = False,
+                       crf: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]:
+    """`(storage class, ReplayBuffer.create kwargs)` of a layout."""
+    if layout == "flattened":
+        from unienv_data.storages.flattened import FlattenedStorage
+        try:
+            from unienv_data.storages.metadata_routing import backend_array_storage
+            inner = backend_array_storage(space)
+        except ImportError:
+            inner = _array_storage(space)
+        return FlattenedStorage, {"inner_storage_cls": inner}
+    try:
+        from unienv_data.storages.dict_storage import DictStorage
+        from unienv_data.storages.native_layout import native_layout_kwargs
+    except Exception as exc:  # noqa: BLE001 - a missing or broken module
+        raise CLIError(f"--layout {layout} needs unienv_data.storages.native_layout, which could not be imported "
+                       f"({type(exc).__name__}: {exc})") from None
+    video_kwargs: Dict[str, Any] = {}
+    if layout == "native-video":
+        video_kwargs = {"codec": codec, "lossless": lossless}
+        if crf is not None:
+            video_kwargs["encoder_options"] = {"crf": str(crf)}
+    try:
+        kwargs = native_layout_kwargs(space, image_storage="video" if layout == "native-video" else "array",
+                                      video_kwargs=video_kwargs or None)
+    except TypeError as exc:
+        raise CLIError(f"--layout {layout}: {exc}") from None
+    return DictStorage, kwargs
+
+
+def _array_storage(space: Any) -> Any:
+    if space.backend.simplified_name == "pytorch":
+        from unienv_data.storages.pytorch import PytorchTensorStorage
+        return PytorchTensorStorage
+    from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+    return NumpyMemmapStorage
+
+
+def pieces(n: int, episodes: List[Tuple[int, int]]) -> List[Tuple[int, int, bool]]:
+    """`[(start, end, is_episode)]` covering `[0, n)`: the episodes and the stretches between them."""
+    out: List[Tuple[int, int, bool]] = []
+    at = 0
+    for s, e in sorted(episodes):
+        if s > at:
+            out.append((at, s, False))
+        out.append((s, e, True))
+        at = e
+    if at < n:
+        out.append((at, n, False))
+    return out
+
+
+def row_of(batch: Any, i: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: row_of(v, i) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "shape"):
+        return type(batch)(row_of(v, i) for v in batch)
+    return batch[i]
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+    from unienv_data.inspect import describe, open_dataset
+    from unienv_data.replay_buffer import ReplayBuffer
+    if args.chunk < 1:
+        raise CLIError("--chunk must be at least 1")
+    if args.layout != "native-video" and (args.lossless or args.crf is not None or args.codec != "auto"):
+        raise CLIError("--codec, --lossless and --crf apply to --layout native-video")
+    src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
+    if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
+        raise CLIError("SRC and DST must be different, non-nested directories")
+    with open_dataset(src, backend=args.backend) as ds:
+        n = len(ds)
+        episodes = ds.episodes()
+        cap = ds.capacity if args.capacity is None else (args.capacity or None)
+        if cap is not None and n > cap:
+            raise CLIError(f"--capacity {cap} is smaller than the {n} rows of SRC")
+        storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf)
+        prepare_output_dir(dst, set(), "convert", force=args.force)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rb = ReplayBuffer.create(storage_cls, ds.space, cache_path=dst, capacity=cap, **kwargs)
+        notes = [str(w.message) for w in caught]
+        for note in notes:
+            if not args.quiet and not args.json:
+                print(f"warning: {note}")
+        t_start = time.perf_counter()
+        try:
+            with Progress(n, f"converting to {args.layout}", "rows", enabled=not args.quiet) as bar:
+                for s, e, is_episode in pieces(n, episodes):
+                    for c in range(s, e, args.chunk):
+                        idx = np.arange(c, min(e, c + args.chunk), dtype=np.int64)
+                        batch = ds.read(idx)
+                        if is_episode:
+                            for i in range(idx.size):
+                                rb.append(row_of(batch, i))
+                        else:
+                            rb.extend(batch)
+                        bar.update(idx.size)
+                    if is_episode:
+                        rb.mark_segment_end()
+            rb.dumps()
+        except BaseException:
+            rb.close()
+            raise
+        rb.close()
+        seconds = time.perf_counter() - t_start
+    before, after = describe(src), describe(dst)
+    summary = {"src": src, "dst": dst, "layout": args.layout, "rows": n, "episodes": len(episodes),
+               "episodes_written": len(after["episodes"]), "seconds": seconds, "rows_per_s": rate(n, seconds),
+               "bytes_before": before["total_bytes"], "bytes_after": after["total_bytes"],
+               "bytes_per_key": after["bytes_per_key"], "warnings": notes}
+    if after["episodes"] != before["episodes"]:
+        raise CLIError(f"the episodes of {dst} ({after['episodes'][:5]} ...) differ from those of {src} "
+                       f"({before['episodes'][:5]} ...)")
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"converted {src} -> {dst} ({args.layout}): {n} rows, {len(episodes)} episodes in {seconds:.2f} s "
+              f"({summary['rows_per_s']:,.0f} rows/s)")
+        print(f"  {human_bytes(summary['bytes_before'])} -> {human_bytes(summary['bytes_after'])} on disk")
+    return 0

@@ -1,0 +1,101 @@
+"""`unienv-data info PATH`: what a dataset holds, read from its metadata files only (no data is loaded).
+
+Prints the kind (ReplayBuffer directory or storage), length and capacity, the episodes (segments), the space
+tree, every storage with the keys it holds, its capacity, length, segments, bytes and how it stores them, the bytes
+per key on disk next to the raw bytes of the same samples in their own dtype, and the format version of every
+metadata file. Problems found in the metadata are listed (run `verify` for a full check).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ._common import add_output_flags, human_bytes, print_json, table
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("info", help="space tree, storages per key, capacity, length, segments, bytes, versions",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH", help="dataset directory (or one .memmap array file)")
+    p.add_argument("--episodes", action="store_true", help="list every episode's logical [start, end) range")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from unienv_data.inspect import describe
+    d = describe(args.path)
+    if args.json:
+        print_json(d)
+        return 0
+    for line in render(d, all_episodes=args.episodes):
+        print(line)
+    return 0
+
+
+def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
+    lines: List[str] = []
+    versions = sorted({v for v in d["format_versions"].values() if v is not None})
+    vtext = ", ".join("0 (reference unienv)" if v == 0 else str(v) for v in versions) or "?"
+    lines.append(f"{d['path']}: {d['kind']} (format version {vtext})")
+    cap = d["capacity"]
+    captext = "growable (no fixed capacity)" if cap is None else f"capacity {cap} (a ring)"
+    off = f", offset {d['offset']}" if d.get("offset") is not None else ""
+    lines.append(f"  length {d['length']} steps, {captext}{off}")
+    lengths = d["episode_lengths"]
+    if lengths:
+        lines.append(f"  episodes {len(lengths)}: {sum(lengths)} steps, lengths {min(lengths)}..{max(lengths)} "
+                     f"(mean {np.mean(lengths):.1f})")
+        eps = d["episodes"]
+        if not all_episodes and len(eps) > 6:
+            eps = eps[:3] + [None] + eps[-2:]
+        lines.append("    " + ", ".join("..." if e is None else f"[{e[0]}, {e[1]})" for e in eps))
+    else:
+        lines.append("  episodes: none recorded")
+    if d["space_tree"]:
+        lines.append("space:")
+        lines.extend("  " + s for s in _aligned_tree(d["space_tree"]))
+    lines.append("storages:")
+    rows = []
+    for s in d["storages"]:
+        name = "  " * s["depth"] + (s["path"] if s["depth"] == 0 else s["path"].rsplit("/", 1)[-1])
+        if s["key"]:
+            name += f"  [{s['key']}]"
+        v = "?" if s["format_version"] is None else f"v{s['format_version']}"
+        size = f"cap {s['capacity'] if s['capacity'] is not None else '-'} len {s['length']}"
+        segs = "" if s["segments"] is None else f"{s['segments']} seg"
+        rows.append([name, s["kind"], v, size, segs, human_bytes(s["total_bytes"]), s["details"]])
+    lines.extend(table(rows))
+    lines.append("bytes per key (on disk | raw samples in their own dtype):")
+    raw = d["raw_bytes_per_key"]
+    total = max(1, d["total_bytes"])
+    rows = []
+    for k, n in sorted(d["bytes_per_key"].items(), key=lambda kv: -kv[1]):
+        r = raw.get(k)
+        ratio = f"{n / r:.2f}x raw" if r else ""
+        rows.append([k, human_bytes(n), f"{100 * n / total:5.1f}%", human_bytes(r) if r is not None else "", ratio])
+    lines.extend(table(rows))
+    lines.append(f"  total {human_bytes(d['total_bytes'])} on disk")
+    notes = [n for s in d["storages"] for n in s["notes"]]
+    for n in notes:
+        lines.append(f"note: {n}")
+    if d["problems"]:
+        lines.append(f"problems ({len(d['problems'])}; run 'unienv-data verify' for a full check):")
+        lines.extend(f"  {p}" for p in d["problems"])
+    return lines
+
+
+def _aligned_tree(tree: List[str]) -> List[str]:
+    """The space tree's leaf descriptions lined up in one column."""
+    rows = []
+    for line in tree:
+        stripped = line.lstrip(" ")
+        indent = line[:len(line) - len(stripped)]
+        if stripped.endswith("/") and "  " not in stripped:
+            rows.append([indent + stripped, ""])
+        else:
+            key, _, desc = stripped.partition("  ")
+            rows.append([indent + key, desc])
+    return table(rows, indent="")

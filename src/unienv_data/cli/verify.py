@@ -1,0 +1,312 @@
+"""`unienv-data verify PATH`: checks that a dataset is intact; exit code 1 (and a message naming the file) when not.
+
+Checks, in order:
+
+1. metadata: every metadata file parses, has a format version this library reads, names storage types from the
+   registry and paths inside the dataset directory, and agrees with the others (capacities, lengths, segments);
+2. files: every data file has the size its metadata promises (array files: rows x row bytes; video files: the
+   bytes recorded when they were written; image files: present for every row recorded as written);
+3. opening: the dataset opens read-only with the library's own `load_from` (which repeats its own checks);
+4. rows: every row of every storage reads (video frames are decoded), and every stored sample lies inside its
+   space's bounds (rows of recorded data only);
+5. checksums, where present: `checksums.sha256` at the dataset root (`sha256sum` format, written by
+   `verify --write-checksums` on a dataset that verified clean) and `sha256` entries in storage metadata.
+
+`--quick` stops after step 3 (no data is read).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ._common import Progress, add_backend_flag, add_output_flags, human_bytes, print_json
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check metadata, file sizes, rows and checksums; exit 1 on damage",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH", help="dataset directory (or one .memmap array file)")
+    p.add_argument("--quick", action="store_true", help="metadata, file sizes and opening only; read no rows")
+    p.add_argument("--write-checksums", action="store_true",
+                   help="after a clean check, write checksums.sha256 (SHA-256 of every file) at the dataset root")
+    add_backend_flag(p)
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
+    if report["ok"] and args.write_checksums:
+        report["checksums_written"] = write_checksums(report["root_dir"], report["files"])
+    if args.json:
+        print_json({k: v for k, v in report.items() if k not in ("files",)})
+    else:
+        for line in render(report):
+            print(line)
+    return 0 if report["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def verify(path: str, read_rows: bool = True, backend: str = "auto", progress: bool = False) -> Dict[str, Any]:
+    """Runs the checks of the module docstring; returns a JSON-ready report (`ok`, `problems`, `checked`, ...)."""
+    from unienv_data.inspect import walk
+    path = os.path.abspath(path)
+    problems: List[str] = []
+    warnings: List[str] = []
+    checked: Dict[str, Any] = {}
+    try:
+        root = walk(path)
+    except (OSError, ValueError) as exc:
+        return _report(path, path, None, [str(exc)], [], {}, [])
+    root_dir = path if os.path.isdir(path) else os.path.dirname(path)
+    nodes = list(root.iter())
+    for n in nodes:
+        problems.extend(n.problems)
+        warnings.extend(n.notes)
+    records = [f for n in nodes for f in n.files]
+    checked["metadata_files"] = sum(1 for f in records if f.role == "metadata")
+    checked["format_versions"] = sorted({n.format_version for n in nodes if n.format_version is not None})
+    problems.extend(_check_sizes(records))
+    checked["data_files"] = sum(1 for f in records if f.role != "metadata")
+    checked["data_bytes"] = sum(f.size or 0 for f in records if f.role != "metadata")
+    cs_problems, cs_count = _check_checksums(root_dir, records)
+    problems.extend(cs_problems)
+    checked["checksums"] = cs_count
+    if not problems:
+        p2, w2, c2 = _check_open_and_read(path, root, read_rows, backend, progress)
+        problems.extend(p2)
+        warnings.extend(w2)
+        checked.update(c2)
+    return _report(path, root_dir, root.kind, problems, warnings, checked, [f.rel for f in records])
+
+
+def _report(path: str, root_dir: str, kind: Optional[str], problems: List[str], warnings: List[str],
+            checked: Dict[str, Any], files: List[str]) -> Dict[str, Any]:
+    return {"path": path, "root_dir": root_dir, "kind": kind, "ok": not problems, "problems": problems,
+            "warnings": warnings, "checked": checked, "files": files}
+
+
+def _check_sizes(records: List[Any]) -> List[str]:
+    out = []
+    for f in records:
+        if f.role == "metadata":
+            continue
+        if f.size is None:
+            out.append(f"{f.rel}: file is missing" + (f" (the metadata records {f.detail})" if f.detail else ""))
+        elif f.expected is not None and f.size != f.expected:
+            state = "truncated" if f.size < f.expected else "larger than its metadata says"
+            out.append(f"{f.rel}: holds {f.size} bytes, but its metadata promises {f.expected} ({f.detail}): the file "
+                       f"is {state}")
+        elif f.minimum is not None and f.size < f.minimum:
+            what = "is empty" if f.size == 0 else "is truncated"
+            out.append(f"{f.rel}: holds {f.size} bytes, but its metadata promises at least {f.minimum} ({f.detail}): "
+                       f"the file {what}")
+    return out
+
+
+def _sha256(full: str) -> str:
+    h = hashlib.sha256()
+    with open(full, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_checksums(root_dir: str, records: List[Any]) -> Tuple[List[str], int]:
+    from unienv_data.inspect import CHECKSUM_FILE
+    problems: List[str] = []
+    count = 0
+    expected: Dict[str, str] = {}
+    listing = os.path.join(root_dir, CHECKSUM_FILE)
+    if os.path.isfile(listing):
+        with open(listing, "r") as fh:
+            for i, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                digest, _, name = line.partition(" ")
+                name = name.strip().lstrip("*")
+                if len(digest) != 64 or not name:
+                    problems.append(f"{CHECKSUM_FILE}: line {i} is not '<sha256>  <path>'")
+                    continue
+                expected[os.path.normpath(name)] = digest.lower()
+    for f in records:
+        if f.sha256:
+            expected.setdefault(os.path.normpath(f.rel), f.sha256.lower().replace("sha256:", ""))
+    real_root = os.path.realpath(root_dir)
+    for name, digest in sorted(expected.items()):
+        full = os.path.realpath(os.path.join(root_dir, name))
+        if os.path.isabs(name) or not (full == real_root or full.startswith(real_root + os.sep)):
+            problems.append(f"{CHECKSUM_FILE}: path {name!r} points outside the dataset directory")
+            continue
+        if not os.path.isfile(full):
+            problems.append(f"{name}: file is missing (a checksum was recorded for it)")
+            continue
+        count += 1
+        got = _sha256(full)
+        if got != digest:
+            problems.append(f"{name}: SHA-256 is {got}, the recorded checksum is {digest}: the file changed since "
+                            "the checksum was written")
+    return problems, count
+
+
+def write_checksums(root_dir: str, files: List[str]) -> str:
+    """Writes `checksums.sha256` (sha256sum format) for `files` (paths relative to `root_dir`); returns its path."""
+    from unienv_data.inspect import CHECKSUM_FILE
+    lines = [f"{_sha256(os.path.join(root_dir, rel))}  {rel}\n" for rel in sorted(set(files)) if rel != CHECKSUM_FILE]
+    target = os.path.join(root_dir, CHECKSUM_FILE)
+    tmp = target + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.writelines(lines)
+    os.replace(tmp, target)
+    return target
+
+
+def _row_bytes(space: Any) -> int:
+    from unienv_data.inspect import leaf_items, leaf_nbytes
+    from unienv_interface.space.space_utils.serialization_utils import space_to_json
+    try:
+        return max(1, sum(leaf_nbytes(js) for _, js in leaf_items(space_to_json(space))))
+    except (TypeError, ValueError):
+        return 1024
+
+
+def _bounds_checker(space: Any) -> Optional[Any]:
+    """A function `(values) -> bad row mask` for a bounded Box leaf, else None."""
+    from unienv_interface.space import BoxSpace
+    if not isinstance(space, BoxSpace):
+        return None
+    low, high = np.asarray(space.low_numpy), np.asarray(space.high_numpy)
+    if low.dtype.kind == "f" and np.all(np.isneginf(low)) and np.all(np.isposinf(high)):
+        return None
+
+    def bad(v: np.ndarray) -> np.ndarray:
+        if v.dtype.kind not in "biuf":
+            return np.zeros(v.shape[0], dtype=bool)
+        ok = np.asarray((v >= low) & (v <= high), dtype=bool)
+        return np.asarray(~ok.reshape(v.shape[0], -1).all(axis=1))
+    return bad
+
+
+def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, progress: bool
+                         ) -> Tuple[List[str], List[str], Dict[str, Any]]:
+    from unienv_data.inspect import flatten_tree, open_dataset
+    problems: List[str] = []
+    warnings: List[str] = []
+    checked: Dict[str, Any] = {}
+    try:
+        ds = open_dataset(path, backend=backend, root=root)
+    except ImportError as exc:
+        return [f"{root.metadata_rel or path}: cannot be opened here: {exc}"], warnings, checked
+    except Exception as exc:  # noqa: BLE001 - every failure to open is reported with the library's message
+        return [f"{root.metadata_rel or path}: does not open: {type(exc).__name__}: {exc}"], warnings, checked
+    root_dir = path if os.path.isdir(path) else os.path.dirname(path)
+    with ds:
+        checked["opened"] = True
+        checked["length"] = len(ds)
+        checked["episodes"] = len(ds.episodes())
+        if not read_rows:
+            return problems, warnings, checked
+        valid = _recorded_rows(ds)
+        columns = ds.columns()
+        total = sum(len(c) for c, _, _ in columns)
+        t0 = time.perf_counter()
+        rows_read = 0
+        out_of_bounds: Dict[str, List[int]] = {}
+        with Progress(total, "verifying rows", "rows", enabled=progress) as bar:
+            for child, prefix, keys in columns:
+                n = len(child)
+                where = _child_name(root_dir, child) or path
+                chunk = max(1, min(4096, (32 << 20) // _row_bytes(child.single_instance_space)))
+                checkers = {k: _bounds_checker(ds.leaf_spaces[k]) for k in keys}
+                for s in range(0, n, chunk):
+                    e = min(n, s + chunk)
+                    try:
+                        values = flatten_tree(child.get(np.arange(s, e, dtype=np.int64)), prefix)
+                    except Exception as exc:  # noqa: BLE001 - report the storage and the rows that failed
+                        problems.append(f"{where}: reading rows {s}..{e - 1} failed: {type(exc).__name__}: {exc}")
+                        bar.update(n - s)
+                        break
+                    rows_read += e - s
+                    bar.update(e - s)
+                    mask = valid[s:e] if valid is not None else None
+                    for k, v in values.items():
+                        check = checkers.get(k)
+                        if check is None:
+                            continue
+                        bad = check(np.asarray(ds.backend.to_numpy(v)))
+                        if mask is not None:
+                            bad &= mask
+                        if bad.any():
+                            out_of_bounds.setdefault(k, []).extend((np.flatnonzero(bad) + s).tolist()[:5])
+        for k, rows in out_of_bounds.items():
+            sp = ds.leaf_spaces[k]
+            problems.append(f"{_leaf_owner(root, k) or path}: key {k!r} holds values outside its space bounds "
+                            f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {rows[:5]}")
+        checked["rows_read"] = rows_read
+        checked["storages_read"] = len(columns)
+        checked["read_seconds"] = time.perf_counter() - t0
+    return problems, warnings, checked
+
+
+def _recorded_rows(ds: Any) -> Optional[np.ndarray]:
+    """Physical rows holding recorded data (the buffer's rows, or the segments of a bare storage)."""
+    n = len(ds.storage)
+    mask = np.zeros(n, dtype=bool)
+    if ds.is_buffer:
+        if len(ds):
+            mask[ds.physical(np.arange(len(ds)))] = True
+        return mask
+    eps = ds.episodes()
+    if not eps:
+        return None
+    for s, e in eps:
+        mask[ds.physical(np.arange(s, e))] = True
+    return mask
+
+
+def _child_name(root_dir: str, child: Any) -> Optional[str]:
+    """The child's file or directory relative to the dataset root."""
+    name = getattr(child, "cache_filename", None)
+    return os.path.relpath(os.fspath(name), root_dir) if name else None
+
+
+def _leaf_owner(root: Any, key: str) -> Optional[str]:
+    best = None
+    for n in root.iter():
+        if key in n.leaves and n.files:
+            best = n.rel
+    return best
+
+
+def render(r: Dict[str, Any]) -> List[str]:
+    c = r["checked"]
+    lines = [f"verifying {r['path']} ({r['kind'] or 'unknown kind'})"]
+    if "metadata_files" in c:
+        versions = ", ".join(map(str, c.get("format_versions", []))) or "?"
+        lines.append(f"  metadata: {c['metadata_files']} files read (format version {versions})")
+        lines.append(f"  files: {c['data_files']} data files, {human_bytes(c['data_bytes'])}, sizes checked against "
+                     "their metadata")
+    if c.get("opened"):
+        lines.append(f"  opened read-only: {c['length']} steps, {c['episodes']} episodes")
+    if "rows_read" in c:
+        lines.append(f"  rows: {c['rows_read']} rows of {c['storages_read']} storages read in "
+                     f"{c['read_seconds']:.2f} s; recorded values inside their space bounds")
+    if "checksums" in c:
+        lines.append(f"  checksums: {c['checksums']} files checked" if c["checksums"] else
+                     "  checksums: none recorded (write them with --write-checksums)")
+    if r.get("checksums_written"):
+        lines.append(f"  wrote {r['checksums_written']}")
+    for w in r["warnings"]:
+        lines.append(f"  note: {w}")
+    if r["ok"]:
+        lines.append("OK")
+    else:
+        lines.append(f"DAMAGED: {len(r['problems'])} problem(s)")
+        lines.extend(f"  {p}" for p in r["problems"])
+    return lines

@@ -1,0 +1,176 @@
+"""Check everything, then write: how `DictStorage` stages one sample (or batch) across its children.
+
+A write goes in two phases. First the whole value is checked: its dict structure (`StructureCheck`), then every
+child's part through the child's staging protocol (`SpaceStorage._stage_set` / `_stage_append` / `_stage_writer`),
+which checks without writing and hands back the write. Only when every child accepted its part are the writes run.
+Children whose staging cannot check everything (`_stage_checks_all` False: storages on the `SpaceStorage`
+defaults) are staged and written first, so if one of them refuses after all no other child was touched.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Sequence, Tuple
+
+import numpy as np
+
+from unienv_data.base.errors import StorageStateError
+from unienv_data.base.segment_writer import SegmentWriter
+from unienv_data.base.storage import SpaceStorage
+from unienv_interface.space import DictSpace, Space
+
+from ._dict_routing import Path, join_path
+
+if TYPE_CHECKING:
+    from .dict_storage import DictStorage
+
+Commit = Callable[[], None]
+Extract = Callable[[Any], Any]
+
+
+def run_all(commits: Sequence[Commit]) -> None:
+    for commit in commits:
+        commit()
+
+
+def write_order(children: Sequence[SpaceStorage]) -> List[int]:
+    """Child indices in staging / writing order: children that may still refuse a value when written come first."""
+    unsure = [i for i, c in enumerate(children) if not c._stage_checks_all]
+    return unsure + [i for i in range(len(children)) if i not in unsure]
+
+
+def copy_tree(value: Any) -> Any:
+    """A snapshot of a (nested) sample: dicts rebuilt, NumPy arrays and tensors copied."""
+    if isinstance(value, Mapping):
+        return {k: copy_tree(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    clone = getattr(value, "clone", None)
+    return clone() if callable(clone) else value
+
+
+class StructureCheck:
+    """Checks that a value has exactly the dict structure of a `DictSpace` (before any child sees it): KeyError
+    naming missing / extra keys, TypeError where a dict was expected."""
+
+    def __init__(self, space: Space, sep: str) -> None:
+        self.sep = sep
+        self.dict_nodes: List[Tuple[Path, FrozenSet[Any]]] = []
+
+        def nodes(node: Space, path: Path) -> None:
+            if isinstance(node, DictSpace):
+                self.dict_nodes.append((path, frozenset(node.spaces)))
+                for k, child in node.spaces.items():
+                    nodes(child, path + (k,))
+        nodes(space, ())
+        self.root_keys = self.dict_nodes[0][1]
+        self.flat = all(len(p) == 0 for p, _ in self.dict_nodes)
+
+    def check(self, value: Any) -> None:
+        if self.flat:
+            if type(value) is not dict and not isinstance(value, Mapping):
+                raise TypeError(f"expected a dict with keys {sorted(self.root_keys)}, got {type(value).__name__}")
+            if value.keys() != self.root_keys:
+                self._key_error(value, (), self.root_keys)
+            return
+        for path, keyset in self.dict_nodes:
+            v = value
+            for p in path:
+                v = v[p]
+            if not isinstance(v, Mapping):
+                where = f" at {join_path(path, self.sep)!r}" if path else ""
+                raise TypeError(f"expected a dict{where} with keys {sorted(keyset)}, got {type(v).__name__}")
+            if v.keys() != keyset:
+                self._key_error(v, path, keyset)
+
+    def _key_error(self, value: Mapping, path: Path, expected: FrozenSet[Any]) -> None:
+        at = f" under {join_path(path, self.sep)!r}" if path else ""
+        missing = sorted(map(str, expected - set(value.keys())))
+        if missing:
+            raise KeyError(f"missing key(s) {missing}{at}: the space expects {sorted(expected)}")
+        extra = sorted(map(str, set(value.keys()) - expected))
+        raise KeyError(f"unexpected key(s) {extra}{at}: the space expects {sorted(expected)} "
+                       "(extra keys are never dropped silently)")
+
+
+class Stager:
+    """The staging plan of one `DictStorage` (`owner`): its children in write order, each with the extractor of its
+    part of a sample, and the structure check that comes before them."""
+
+    def __init__(self, owner: "DictStorage", children: Sequence[SpaceStorage], extractors: Sequence[Extract],
+                 check: Callable[[Any], None]) -> None:
+        self.owner = owner
+        order = write_order(children)
+        self.parts: List[Tuple[SpaceStorage, Extract]] = [(children[i], extractors[i]) for i in order]
+        self.check = check
+
+    def stage_set(self, index: Any, value: Any) -> Commit:
+        """Checks a value for `set(index, ...)` in every child; returns the writes (run in write order)."""
+        self.check(value)
+        return partial(run_all, [child._stage_set(index, extract(value)) for child, extract in self.parts])
+
+    def stage_append(self, value: Any) -> List[Commit]:
+        """Checks one sample for `append` in every child (state included); returns the appends."""
+        owner = self.owner
+        if owner._closed or not owner._all_mutable:
+            owner._check_writable()
+        try:
+            self.check(value)
+            return [child._stage_append(extract(value)) for child, extract in self.parts]
+        except StorageStateError:
+            owner._check_append_state()  # the same error named after the owner (or its children disagree)
+            raise
+
+    def prepare_single(self, value: Any) -> Any:
+        """Checks one sample for every child's writer hook (no segment state involved); returns a snapshot."""
+        self.check(value)
+        for child, extract in self.parts:
+            child._precheck(extract(value))
+        return copy_tree(value)
+
+
+class DictSegmentWriter(SegmentWriter):
+    """One staged writer per child (`_stage_writer`); an append checks the whole sample before any child writer
+    buffers it, `commit(start)` commits every child at `start`."""
+
+    def __init__(self, storage: SpaceStorage, stager: Stager) -> None:
+        super().__init__(storage)
+        staged = [child._stage_writer() for child, _extract in stager.parts]
+        self.writers: List[SegmentWriter] = [w for w, _stage in staged]
+        self._stages = [(stage, extract) for (_w, stage), (_c, extract) in zip(staged, stager.parts)]
+        self._check = stager.check
+
+    def _stage_parts(self, value: Any) -> List[Commit]:
+        self._check(value)
+        return [stage(extract(value)) for stage, extract in self._stages]
+
+    def stage(self, value: Any) -> Commit:
+        """Checks one sample for every child writer (nothing is buffered on error); returns the append."""
+        if self.is_finished:
+            raise StorageStateError(f"Cannot append to a {self.state} segment writer")
+        return partial(self._push, self._stage_parts(value))
+
+    def _push(self, commits: List[Commit]) -> None:
+        run_all(commits)
+        self._length += 1
+
+    def _append(self, value: Any) -> None:
+        run_all(self._stage_parts(value))
+
+    def finish(self) -> None:
+        super().finish()
+        for w in self.writers:
+            w.finish()
+
+    def _commit(self, start: int) -> None:
+        for w in self.writers:
+            w.commit(start)
+
+    def abort(self) -> None:
+        super().abort()
+        for w in self.writers:
+            if w.state != "committed":
+                w.abort()
+
+
+__all__ = ["Commit", "run_all", "write_order", "copy_tree", "StructureCheck", "Stager", "DictSegmentWriter"]

@@ -1,0 +1,119 @@
+"""`NPZStorage`: one `.npz` file per row of a Box / Binary space (reference-api §5.6).
+
+Layout of the storage directory (the reference's, plus fields it ignores)::
+
+    npz_metadata.json   {"storage_type": "NPZStorage", "compressed", "capacity", "length",
+                         "format_version", "dtype", "shape", "written": [[start, n], ...], "segments": [[start, n], ...]}
+    <row>.npz           the row, as the array "data" (np.savez / np.savez_compressed)
+
+Any backend: rows are stored as NumPy arrays and returned in the space's backend. Differences from the reference
+(see `_list_storage`): a row that was written but whose file is missing or damaged raises an error naming the file
+(never zeros); a file holding another dtype or shape is refused (never cast); `dumps(path)` into another directory
+works; segments are recorded.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import PathLike
+from unienv_data.base.registry import register_storage
+from unienv_interface.space import Space
+
+from ._list_storage import ListStorageBase, check_capacity
+
+METADATA_FILE = "npz_metadata.json"
+
+
+@register_storage
+class NPZStorage(ListStorageBase):
+    """Rows of a Box / Binary space, one `<row>.npz` file each (see the module docstring).
+
+    `create(space, *, compressed=True, capacity=None, cache_path (a new or empty directory), multiprocessing=False)`;
+    `load_from(path, space, *, capacity=None, read_only=True, multiprocessing=False, missing_ok=False)`.
+    `capacity=None` makes a growable storage. Batched reads and writes run on the shared IO pool. Rows never
+    written read as zeros; `missing_ok=True` also reads rows without a file in a reference-written directory as
+    zeros (the reference's behaviour; by default such a row raises, since it may be a lost file).
+    """
+
+    file_ext = "npz"
+    metadata_file = METADATA_FILE
+    reference_type = "NPZStorage"
+
+    def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,
+                 written: Optional[np.ndarray] = None, segments: Any = None, *, compressed: bool = True,
+                 read_only: bool = False, zero_unwritten: bool = True, owner: bool = True) -> None:
+        super().__init__(single_instance_space, directory, capacity, length, written, segments, read_only=read_only,
+                         zero_unwritten=zero_unwritten, owner=owner)
+        self.compressed = bool(compressed)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, single_instance_space: Space, *args: Any, compressed: bool = True, capacity: Optional[int] = None,
+               cache_path: Optional[PathLike] = None, multiprocessing: bool = False, **kwargs: Any) -> "NPZStorage":
+        """A new, empty storage in the directory `cache_path` (created; it must be new or empty)."""
+        if args:
+            raise TypeError(f"{cls.__name__}.create() takes no extra positional arguments, got {args!r}")
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.create() got unexpected keyword argument(s) {sorted(kwargs)}")
+        if not isinstance(compressed, (bool, np.bool_)):
+            raise TypeError(f"compressed must be a bool, got {compressed!r}")
+        cap = check_capacity(capacity)
+        directory = cls._prepare_directory(cache_path)
+        st = cls(single_instance_space, directory, cap, 0, compressed=bool(compressed))
+        st.flush()
+        return st
+
+    @classmethod
+    def load_from(cls, path: PathLike, single_instance_space: Space, *, capacity: Optional[int] = None,
+                  read_only: bool = True, multiprocessing: bool = False, missing_ok: bool = False,
+                  **kwargs: Any) -> "NPZStorage":
+        """Opens a directory written by this library or by the reference (see the class docstring)."""
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
+        info = cls._read_metadata(path, single_instance_space, capacity, missing_ok)
+        compressed = info["meta"].get("compressed", True)
+        if not isinstance(compressed, bool):
+            raise StorageFormatError(f"{os.path.join(os.fspath(path), METADATA_FILE)}: 'compressed' must be a bool, "
+                                     f"got {compressed!r}")
+        return cls(single_instance_space, os.fspath(path), info["capacity"], info["length"], info["written"],
+                   info["segments"], compressed=compressed, read_only=read_only,
+                   zero_unwritten=info["zero_unwritten"])
+
+    # ------------------------------------------------------------------ files
+    def _options(self) -> Dict[str, Any]:
+        return {"compressed": self.compressed}
+
+    def _restore_options(self, options: Dict[str, Any]) -> None:
+        self.compressed = bool(options.get("compressed", True))
+
+    def _encode(self, path: str, arr: np.ndarray) -> None:
+        with open(path, "wb") as f:
+            if self.compressed:
+                np.savez_compressed(f, data=arr)
+            else:
+                np.savez(f, data=arr)
+
+    def _decode(self, path: str) -> np.ndarray:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if not isinstance(z, np.lib.npyio.NpzFile):
+                    raise StorageFormatError(f"{path} is a plain .npy file, not an .npz archive holding 'data'")
+                if "data" not in z.files:
+                    raise StorageFormatError(f"{path} holds the arrays {z.files}, not 'data': it is not a row of "
+                                             "an NPZStorage")
+                return np.asarray(z["data"])
+        except FileNotFoundError:
+            raise
+        except StorageFormatError:
+            raise
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as exc:
+            raise StorageFormatError(f"{path} is not a readable .npz file ({type(exc).__name__}: {exc}); the file is "
+                                     "truncated or damaged") from None
+
+
+__all__ = ["NPZStorage"]

@@ -1,0 +1,327 @@
+"""The `unienv-data` command line, run as a real console script in subprocesses.
+
+One small demo dataset is recorded per module (`demo_dir`); the other tests read it or work on copies. Datasets
+are recorded with the NumPy backend (a subprocess then starts in ~0.3 s instead of ~1.5 s with torch); one test
+records with the default backend (PyTorch when installed).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+
+
+def _command() -> List[str]:
+    script = Path(sys.executable).with_name("unienv-data")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("unienv-data")
+    return [found] if found else [sys.executable, "-m", "unienv_data"]
+
+
+CLI = _command()
+
+
+def run_cli(*args: Any, check: bool = True, module: bool = False) -> subprocess.CompletedProcess:
+    cmd = ([sys.executable, "-m", "unienv_data"] if module else CLI) + [str(a) for a in args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def run_json(*args: Any) -> Dict[str, Any]:
+    return json.loads(run_cli(*args, "--json", "-q").stdout)
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "ds"
+    summary = run_json("demo", "--out", out, "--episodes", 5, "--steps", 40, "--backend", "numpy")
+    assert summary["episodes"] == 5 and summary["steps"] == sum(summary["episode_lengths"])
+    return out
+
+
+@pytest.fixture
+def demo_copy(demo_dir: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(demo_dir, dst)
+    return dst
+
+
+def image_stats(path: Path) -> Dict[str, Any]:
+    from PIL import Image
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        arr = np.asarray(im.convert("RGB"))
+    colors = np.unique(arr.reshape(-1, 3), axis=0).shape[0]
+    return {"size": arr.shape[1::-1], "colors": colors, "std": float(arr.std())}
+
+
+def assert_nontrivial_png(path: Path, min_size: int = 200) -> None:
+    assert path.is_file(), path
+    st = image_stats(path)
+    assert min(st["size"]) >= min_size // 2 and max(st["size"]) >= min_size, st
+    assert st["colors"] > 20 and st["std"] > 10, f"{path} looks blank: {st}"
+
+
+def read_all(path: Path) -> Dict[str, np.ndarray]:
+    from unienv_data.inspect import open_dataset
+    with open_dataset(str(path)) as ds:
+        data = ds.read_numpy(np.arange(len(ds)))
+        data["__episodes__"] = np.asarray(ds.episodes())
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------- help / entry
+def test_help_on_every_command() -> None:
+    top = run_cli("--help")
+    for name in ("demo", "info", "verify", "plot", "convert", "export-video"):
+        assert name in top.stdout
+        sub = run_cli(name, "--help")
+        assert sub.stdout.startswith(f"usage: unienv-data {name}"), sub.stdout[:200]
+    assert "usage: unienv-data" in run_cli("--help", module=True).stdout
+    bare = run_cli(check=False)
+    assert bare.returncode == 2 and "usage" in bare.stderr
+
+
+def test_importing_the_package_and_the_cli_loads_no_optional_library() -> None:
+    code = ("import sys, unienv_data, unienv_data.inspect, unienv_data.cli as c; c.build_parser(); "
+            "print([m for m in ('matplotlib', 'PIL', 'av', 'torch', 'h5py') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------------- demo / info
+def test_demo_writes_a_native_layout_dataset_and_a_preview(demo_dir: Path) -> None:
+    assert (demo_dir / "metadata.json").is_file()
+    meta = json.loads((demo_dir / "storage" / "dict_storage_metadata.json").read_text())
+    assert "@float32" in meta["groups"]                      # float32 leaves share one flat row
+    assert meta["storage_map"]["obs/camera"]["path"].endswith(".memmap")
+    assert_nontrivial_png(demo_dir / "preview.png")
+
+
+def test_demo_text_summary_and_refusal_to_overwrite_foreign_dirs(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    proc = run_cli("demo", "--out", out, "--episodes", 2, "--steps", 20)
+    assert "recorded 2 episodes" in proc.stdout and "bytes per key" in proc.stdout
+    assert "recording: 2 episodes" in proc.stderr             # the progress bar's closing line off a terminal
+    assert ("backend pytorch" in proc.stdout) == (importlib.util.find_spec("torch") is not None)
+    run_cli("demo", "--out", out, "--episodes", 1, "--steps", 20, "-q", "--backend", "numpy")  # replaced
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    bad = run_cli("demo", "--out", foreign, "-q", check=False)
+    assert bad.returncode == 1 and "not empty" in bad.stderr and (foreign / "notes.txt").exists()
+
+
+def test_info_json_and_text(demo_dir: Path) -> None:
+    d = run_json("info", demo_dir)
+    assert d["kind"] == "ReplayBuffer" and d["format_versions"]["metadata.json"] == 1
+    assert d["length"] == sum(d["episode_lengths"]) and len(d["episodes"]) == 5
+    assert d["problems"] == []
+    n = d["length"]
+    assert d["raw_bytes_per_key"]["obs/camera"] == n * 64 * 64 * 3
+    assert d["bytes_per_key"]["obs/camera"] >= n * 64 * 64 * 3
+    assert d["raw_bytes_per_key"]["terminated"] == n                      # bools stay one byte
+    kinds = {s["kind"] for s in d["storages"]}
+    assert {"ReplayBuffer", "DictStorage", "FlattenedStorage"} <= kinds
+    text = run_cli("info", demo_dir, "--episodes").stdout
+    for needle in ("ReplayBuffer", "space:", "obs/", "camera", "uint8 (64, 64, 3)", "storages:", "bytes per key"):
+        assert needle in text, needle
+
+
+def test_info_on_a_nested_storage_and_on_a_non_dataset(demo_dir: Path, tmp_path: Path) -> None:
+    d = run_json("info", demo_dir / "storage")
+    assert d["kind"] == "DictStorage" and "obs/camera" in d["bytes_per_key"]
+    bad = run_cli("info", tmp_path, check=False)
+    assert bad.returncode == 1 and "holds no dataset metadata" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- verify
+def test_verify_ok_then_truncated_file_is_reported(demo_copy: Path) -> None:
+    ok = run_cli("verify", demo_copy)
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("OK")
+    assert run_cli("verify", demo_copy / "storage", "-q").returncode == 0
+    data = demo_copy / "storage" / "obs.camera.memmap"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 3)
+    bad = run_cli("verify", demo_copy, check=False)
+    assert bad.returncode == 1
+    assert "storage/obs.camera.memmap" in bad.stdout and "truncated" in bad.stdout
+    report = json.loads(run_cli("verify", demo_copy, "--json", "-q", check=False).stdout)
+    assert report["ok"] is False and any("obs.camera.memmap" in p for p in report["problems"])
+
+
+def test_verify_reports_damaged_metadata_and_checksum_mismatch(demo_copy: Path) -> None:
+    wrote = run_cli("verify", demo_copy, "--write-checksums", "-q")
+    assert (demo_copy / "checksums.sha256").is_file() and "wrote" in wrote.stdout
+    assert "files checked" in run_cli("verify", demo_copy, "-q").stdout
+    inner = demo_copy / "storage" / "@float32" / "inner_storage.memmap"
+    raw = bytearray(inner.read_bytes())
+    raw[7] ^= 0xFF                                            # same size, different content
+    inner.write_bytes(bytes(raw))
+    bad = run_cli("verify", demo_copy, "-q", check=False)
+    assert bad.returncode == 1 and "inner_storage.memmap: SHA-256" in bad.stdout
+    (demo_copy / "checksums.sha256").unlink()
+    (demo_copy / "storage" / "dict_storage_metadata.json").write_text("{not json")
+    bad = run_cli("verify", demo_copy, "-q", check=False)
+    assert bad.returncode == 1 and "dict_storage_metadata.json: metadata is damaged" in bad.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- plot
+def test_plot_writes_png_charts_and_contact_sheet(demo_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    res = run_json("plot", demo_dir, "--out", out)
+    names = sorted(os.path.basename(f) for f in res["files"])
+    assert names == ["episode_lengths.png", "frames_obs.camera.png", "value_ranges.png"]
+    for name in names:
+        assert_nontrivial_png(out / name)
+    assert "obs/camera" not in res["charted_keys"] and "reward" in res["charted_keys"]
+
+
+# ---------------------------------------------------------------------------------------------------- convert
+def test_convert_between_layouts_keeps_values_and_episodes(demo_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    src = read_all(demo_dir)
+    flat = tmp_path / "flat"
+    res = run_json("convert", demo_dir, flat, "--layout", "flattened", "--chunk", 37)
+    assert res["episodes_written"] == 5 and res["rows"] == len(src["reward"])
+    assert any("promotes" in w for w in res["warnings"])     # uint8 frames in a float32 row: the warning is shown
+    video = tmp_path / "video"
+    run_json("convert", flat, video, "--layout", "native-video", "--lossless")
+    back = tmp_path / "back"
+    run_json("convert", video, back, "--layout", "native")
+    for path in (flat, video, back):
+        got = read_all(path)
+        assert sorted(got) == sorted(src)
+        for k in src:
+            np.testing.assert_array_equal(got[k], src[k], err_msg=f"{path.name}: {k}")
+    assert json.loads((video / "storage" / "dict_storage_metadata.json").read_text())["storage_map"]["obs/camera"][
+        "type"].endswith("VideoStorage")
+    assert run_cli("verify", video, "-q").returncode == 0
+
+
+def test_convert_unwraps_a_ring_and_refuses_a_non_empty_destination(tmp_path: Path) -> None:
+    ring = tmp_path / "ring"
+    summary = run_json("demo", "--out", ring, "--episodes", 6, "--steps", 30, "--capacity", 90, "--seed", 3,
+                       "--backend", "numpy")
+    assert summary["steps"] == 90 and summary["steps_recorded"] > 90    # the ring wrapped
+    assert summary["episodes"] < 6                                        # and dropped the oldest episodes
+    assert run_cli("verify", ring, "-q").returncode == 0
+    dst = tmp_path / "native"
+    run_json("convert", ring, dst, "--layout", "native")
+    a, b = read_all(ring), read_all(dst)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert run_json("info", dst)["offset"] == 0
+    again = run_cli("convert", ring, dst, "--layout", "native", "-q", check=False)
+    assert again.returncode == 1 and "not empty" in again.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- export-video
+def test_export_video_writes_every_frame(demo_dir: Path, tmp_path: Path) -> None:
+    av = pytest.importorskip("av")
+    out = tmp_path / "cam.mp4"
+    res = run_json("export-video", demo_dir, "obs/camera", out)
+    n = len(read_all(demo_dir)["reward"])
+    assert res["frames"] == n and out.stat().st_size > 1000
+    with av.open(str(out)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == n and frames[0].shape == (64, 64, 3)
+    one = run_json("export-video", demo_dir, "obs.camera", tmp_path / "ep.mkv", "--episode", -1)
+    assert one["frames"] == one["rows"][1] - one["rows"][0]
+    bad = run_cli("export-video", demo_dir, "reward", tmp_path / "x.mp4", check=False)
+    assert bad.returncode == 1 and "obs/camera" in bad.stderr
+
+
+def test_demo_with_video_storage_verifies(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    out = tmp_path / "vid"
+    s = run_json("demo", "--out", out, "--episodes", 2, "--steps", 20, "--video", "--backend", "numpy")
+    assert s["video_codec"] and s["verified"]["camera_psnr_db"] > 25
+    assert run_cli("verify", out, "-q").returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------------- in process
+def test_demo_falls_back_without_the_native_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unienv_data.cli.demo import build_space, choose_layout, pick_backend
+    monkeypatch.setitem(sys.modules, "unienv_data.storages.native_layout", None)
+    space = build_space(pick_backend("numpy"), 16)
+    desc, _cls, kwargs = choose_layout(space, video=False, lossless=False)
+    assert desc.startswith("fallback layout") and set(kwargs["storage_cls_map"]) == {"obs/camera", "*"}
+    from unienv_data.cli._common import CLIError
+    with pytest.raises(CLIError, match="native layout"):
+        choose_layout(space, video=True, lossless=False)
+
+
+def _small_dataset(path: Path) -> None:
+    from unienv_interface.backends import NumpyComputeBackend as B
+    from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    space = DictSpace(B, {"x": BoxSpace(B, -1.0, 1.0, np.float32, shape=(3,)),
+                          "y": BoxSpace(B, -1.0, 1.0, np.float32, shape=()),
+                          "cam": BoxSpace(B, 0, 255, np.uint8, shape=(8, 8, 3)), "done": BinarySpace(B, ())})
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=str(path), capacity=40, **native_layout_kwargs(space))
+    for e in range(3):
+        for t in range(10):
+            rb.append({"x": np.full(3, t / 10, np.float32), "y": np.float32(-t / 10),
+                       "cam": np.full((8, 8, 3), t, np.uint8), "done": np.bool_(t == 9)})
+        rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+
+
+def _mutate(obj: Any, rng: np.random.Generator) -> Any:
+    """`obj` (parsed JSON) with one value replaced or one key removed, somewhere in the tree."""
+    garbage = [None, -1, "x", 10 ** 12, [], {}, 1.5, True, "../../outside", [[1, 2], [3]], {"type": "DictSpace"}]
+    if isinstance(obj, dict) and obj:
+        key = list(obj)[rng.integers(len(obj))]
+        if rng.random() < 0.2:
+            return {k: v for k, v in obj.items() if k != key}
+        if rng.random() < 0.5 and isinstance(obj[key], (dict, list)) and obj[key]:
+            return {**obj, key: _mutate(obj[key], rng)}
+        return {**obj, key: garbage[rng.integers(len(garbage))]}
+    if isinstance(obj, list) and obj:
+        i = int(rng.integers(len(obj)))
+        return obj[:i] + [_mutate(obj[i], rng)] + obj[i + 1:]
+    return garbage[rng.integers(len(garbage))]
+
+
+def test_damaged_metadata_never_crashes_info_or_verify(tmp_path: Path) -> None:
+    from unienv_data.cli.verify import verify
+    from unienv_data.inspect import describe
+    src = tmp_path / "src"
+    _small_dataset(src)
+    assert verify(str(src))["ok"]
+    metas = sorted(p.relative_to(src) for p in src.rglob("*.json"))
+    rng = np.random.default_rng(0)
+    flagged = 0
+    for trial in range(60):
+        ds = tmp_path / f"t{trial}"
+        shutil.copytree(src, ds)
+        target = ds / metas[trial % len(metas)]
+        if trial % 10 == 9:
+            target.write_bytes(target.read_bytes()[: int(rng.integers(0, 40))])     # a torn file
+        else:
+            target.write_text(json.dumps(_mutate(json.loads(target.read_text()), rng)))
+        describe(str(ds))                                      # never raises for a dataset it recognises
+        report = verify(str(ds))
+        assert isinstance(report["ok"], bool) and all(isinstance(p, str) and p for p in report["problems"])
+        flagged += not report["ok"]
+        shutil.rmtree(ds)
+    assert flagged >= 30                                       # most mutations are damage, and are reported

@@ -2,9 +2,11 @@
 # Project entry point: creates/refreshes the repo-local virtualenv, then runs
 # one of the project tasks inside it.
 #
-#   bash scripts/run.sh demo  [args...]         python -m unienv_data.demo
+#   bash scripts/run.sh demo  [args...]         unienv-data demo (python -m unienv_data demo)
+#   bash scripts/run.sh cli   <command> [args]  unienv-data <command> (info, verify, plot, convert, ...)
 #   bash scripts/run.sh test  [pytest args...]  pytest -q -n 2 (xdist)
 #   bash scripts/run.sh mypy                    mypy (config in pyproject.toml)
+#   bash scripts/run.sh docs  [args...]         mkdocs build --strict (site in build/site)
 #   bash scripts/run.sh bench [args...]         bench/bench_flattened.py
 #
 # Works from any directory. Needs only python3 (with pip) on the host.
@@ -12,14 +14,14 @@
 set -euo pipefail
 
 usage() {
-    sed -n '5,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '5,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 }
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
 if [[ $# -lt 1 ]]; then
-    echo "usage: bash scripts/run.sh {demo|test|mypy|bench} [args...]" >&2
+    echo "usage: bash scripts/run.sh {demo|cli|test|mypy|docs|bench} [args...]" >&2
     usage
     exit 2
 fi
@@ -27,15 +29,15 @@ cmd="$1"
 shift
 
 case "$cmd" in
-    demo|test|mypy|bench) ;;
+    demo|cli|test|mypy|docs|bench) ;;
     -h|--help|help)
-        echo "usage: bash scripts/run.sh {demo|test|mypy|bench} [args...]"
+        echo "usage: bash scripts/run.sh {demo|cli|test|mypy|docs|bench} [args...]"
         usage 2>&1
         exit 0
         ;;
     *)
         echo "run.sh: unknown command '$cmd'" >&2
-        echo "usage: bash scripts/run.sh {demo|test|mypy|bench} [args...]" >&2
+        echo "usage: bash scripts/run.sh {demo|cli|test|mypy|docs|bench} [args...]" >&2
         exit 2
         ;;
 esac
@@ -79,8 +81,10 @@ fi
 
 # --- 3. task -----------------------------------------------------------------
 case "$cmd" in
-    demo)  exec "$PY" -m unienv_data.demo "$@" ;;
+    demo)  exec "$PY" -m unienv_data demo "$@" ;;
+    cli)   exec "$PY" -m unienv_data "$@" ;;
     test)  exec "$PY" -m pytest -q -n 2 "$@" ;;
     mypy)  exec "$PY" -m mypy "$@" ;;
+    docs)  exec "$PY" -m mkdocs build --strict "$@" ;;
     bench) exec "$PY" bench/bench_flattened.py "$@" ;;
 esac

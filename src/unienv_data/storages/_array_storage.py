@@ -490,8 +490,11 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if self._closed:
             return
         try:
-            if self._block.mode == MEMMAP and not self._read_only and (self._dirty or is_durable()):
-                self.flush()
+            if self._block.mode == MEMMAP and not self._read_only:
+                if self._capacity is None and self._block.alloc_rows != self._length:
+                    self._block.resize(self._length)    # drop the growth slack: the file holds exactly its rows
+                if self._dirty or is_durable():
+                    self.flush()
         finally:
             self._block.release()
             self._closed = True

@@ -12,6 +12,7 @@ from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json,
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.wrapper import WrappedStorage
 from unienv_interface.backends.base import ComputeBackend
 from unienv_interface.backends.serialization import deserialize_backend, serialize_backend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -64,7 +65,7 @@ def _map_leaves(space: Space, data: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 @register_storage
-class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class ToBackendOrDeviceStorage(WrappedStorage):
     """Serves an inner storage that keeps its elements on another backend and/or device: e.g. a NumPy-backend
     `NumpyMemmapStorage` read and written as torch tensors, or torch tensors stored on the CPU served on a GPU.
 
@@ -232,64 +233,6 @@ class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         return self._to_inner_leaf(index)
 
     # ------------------------------------------------------------------ delegated properties
-    @property
-    def cache_filename(self) -> Optional[Union[str, PathLike]]:
-        return self._cache_filename if self.inner_storage.cache_filename is not None else None
-
-    @property
-    def is_mutable(self) -> bool:
-        return self.inner_storage.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.inner_storage.is_multiprocessing_safe
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self.inner_storage.capacity
-
-    def __len__(self) -> int:
-        return len(self.inner_storage)
-
-    @property
-    def has_open_segment(self) -> bool:
-        return self.inner_storage.has_open_segment
-
-    @property
-    def pending_segment_length(self) -> int:
-        return self.inner_storage.pending_segment_length
-
-    def extend_length(self, length: int) -> None:
-        self._check_open()
-        self.inner_storage.extend_length(length)
-
-    def shrink_length(self, length: int) -> None:
-        self._check_open()
-        self.inner_storage.shrink_length(length)
-
-    def mark_segment_start(self, start_index: int) -> None:
-        self._check_writable()
-        self.inner_storage.mark_segment_start(start_index)
-
-    def mark_segment_end(self) -> None:
-        self._check_open()
-        self.inner_storage.mark_segment_end()
-
-    def abort_segment(self) -> None:
-        self._check_open()
-        self.inner_storage.abort_segment()
-
-    def get_segments(self) -> Optional[List[Any]]:
-        self._check_open()
-        return self.inner_storage.get_segments()
-
-    def forget_segments(self, start: int, length: int) -> None:
-        self._check_open()
-        self.inner_storage.forget_segments(start, length)
-
-    def clear(self) -> None:
-        self._check_writable()
-        self.inner_storage.clear()
 
     # ------------------------------------------------------------------ data
     def get(self, index: Any) -> Any:
@@ -313,11 +256,6 @@ class ToBackendOrDeviceStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
 
     # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
-    def _segment_log(self) -> Any:
-        return self.inner_storage._segment_log()
-
-    def _record_segment(self, start: int, length: int) -> None:
-        self.inner_storage._record_segment(start, length)
 
     def _prepare_single(self, value: Any) -> Any:
         """Checks one element completely (here and in the inner storage) without writing; returns it in the inner

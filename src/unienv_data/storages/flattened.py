@@ -14,6 +14,7 @@ from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.wrapper import WrappedStorage
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
@@ -73,7 +74,7 @@ def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[
     return "; ".join(parts) or "the layouts differ"
 
 
-class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class FlattenedStorage(WrappedStorage):
     """Stores every sample flattened into one 1-D BoxSpace row of an inner storage (e.g. PytorchTensorStorage), so
     a read or write of any number of samples is one row operation on a single array.
 
@@ -197,75 +198,11 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         return st
 
     # ------------------------------------------------------------------ delegated properties
-    @property
-    def cache_filename(self) -> Optional[Union[str, PathLike]]:
-        return self._cache_filename if self.inner_storage.cache_filename is not None else None
-
-    @property
-    def is_mutable(self) -> bool:
-        return self.inner_storage.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.inner_storage.is_multiprocessing_safe
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self.inner_storage.capacity
-
-    def __len__(self) -> int:
-        return len(self.inner_storage)
 
     @property
     def flat_space(self) -> BoxSpace:
         """The 1-D Box each sample is flattened to."""
         return self._plan.flat_space
-
-    @property
-    def has_open_segment(self) -> bool:
-        return self.inner_storage.has_open_segment
-
-    @property
-    def pending_segment_length(self) -> int:
-        return self.inner_storage.pending_segment_length
-
-    def extend_length(self, length: int) -> None:
-        self._check_open()
-        self.inner_storage.extend_length(length)
-
-    def shrink_length(self, length: int) -> None:
-        self._check_open()
-        self.inner_storage.shrink_length(length)
-
-    def mark_segment_start(self, start_index: int) -> None:
-        self._check_open()
-        self.inner_storage.mark_segment_start(start_index)
-
-    def mark_segment_end(self) -> None:
-        self._check_open()
-        self.inner_storage.mark_segment_end()
-
-    def abort_segment(self) -> None:
-        self._check_open()
-        self.inner_storage.abort_segment()
-
-    def get_segments(self) -> Optional[List[Any]]:
-        self._check_open()
-        return self.inner_storage.get_segments()
-
-    def clear(self) -> None:
-        self._check_open()
-        self.inner_storage.clear()
-
-    def forget_segments(self, start: int, length: int) -> None:
-        self._check_open()
-        self.inner_storage.forget_segments(start, length)
-
-    def _segment_log(self) -> Any:
-        return self.inner_storage._segment_log()
-
-    def _record_segment(self, start: int, length: int) -> None:
-        self.inner_storage._record_segment(start, length)
 
     # ------------------------------------------------------------------ data
     def _rows_numpy(self, index: Any) -> np.ndarray:
@@ -426,9 +363,6 @@ class FlattenedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
             self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
             self._write_metadata(path)
-
-    def _has_persistent_segments(self) -> bool:
-        return self.inner_storage._has_persistent_segments()
 
     def close(self) -> None:
         """Closes the inner storage if this object created or loaded it; idempotent."""

@@ -19,95 +19,19 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.errors import StorageFormatError, StorageStateError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
-                                    check_no_interrupted_dump, confined_path, dump_transaction, read_json,
-                                    require_fields)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, dump_transaction)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
-from unienv_data.base.segments import SegmentLog, ring_positions_overlap
+from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import Space
-from unienv_interface.space.space_utils import batch_utils
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._batch_writes import _batch_length, _check_only, _checked_write, _persists_segments, _slice_leaves
+from ._metadata import METADATA_FILE, read_metadata
 from ._shared_state import LocalState, SharedState
 
-METADATA_FILE = "metadata.json"
-
-
-def _int_field(meta: Dict[str, Any], name: str, where: str, minimum: int = 0) -> int:
-    v = meta.get(name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise StorageFormatError(f"{where}: {name!r} must be an int >= {minimum}, got {v!r}")
-    return v
-
-
-def _batch_length(value: Any, path: str = "") -> int:
-    """The common leading size of every leaf of a batch; ValueError naming the key that disagrees."""
-    sizes: Dict[str, int] = {}
-
-    def visit(v: Any, p: str) -> None:
-        if isinstance(v, dict):
-            for k, x in v.items():
-                visit(x, f"{p}/{k}" if p else str(k))
-        elif isinstance(v, (tuple, list)) and not hasattr(v, "shape"):
-            for i, x in enumerate(v):
-                visit(x, f"{p}/{i}" if p else str(i))
-        else:
-            shape = getattr(v, "shape", None)
-            if shape is None or len(shape) == 0:
-                raise ValueError(f"batch leaf {p or '<value>'!r} has no leading batch axis (got {type(v).__name__})")
-            sizes[p or "<value>"] = int(shape[0])
-
-    visit(value, path)
-    if not sizes:
-        raise ValueError("empty batch: no leaves")
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"batch leaves disagree on the batch size: {sizes}")
-    return next(iter(sizes.values()))
-
-
-def _persists_segments(storage: SpaceStorage) -> bool:
-    """Whether `storage` keeps its own persisted segment log (then it, not metadata.json, is authoritative)."""
-    probe = getattr(storage, "_has_persistent_segments", None)
-    return bool(probe()) if callable(probe) else False
-
-
-def _checked_write(storage: SpaceStorage, index: Any, value: Any, before_write: Any) -> None:
-    """Checks `value`, runs `before_write()` (drop the segments about to be overwritten, persisted), then writes:
-    refused data changes nothing, and no metadata ever lists a segment whose rows were already overwritten."""
-    stage = getattr(storage, "_stage_set", None)
-    if callable(stage):
-        write = stage(index, value)
-        before_write()
-        write()
-    else:                                   # storages that cannot check ahead: data first, then the segment list
-        storage.set(index, value)
-        before_write()
-
-
-def _check_only(storage: SpaceStorage, batch: Any) -> None:
-    """Checks a batch against the storage without writing it (staging when the storage offers it)."""
-    n = _batch_length(batch)
-    stage = getattr(storage, "_stage_set", None)
-    if callable(stage):
-        stage(slice(0, n), batch)          # the returned writer is dropped: nothing is written
-        return
-    batch_space = batch_utils.batch_space(storage.single_instance_space, n)
-    for i in range(n):
-        item = batch_utils.get_at(batch_space, batch, i)
-        if not storage.single_instance_space.contains(item):
-            raise ValueError(f"row {i} of the batch is not an element of the space {storage.single_instance_space!r}")
-
-
-def _slice_leaves(value: Any, slc: slice) -> Any:
-    """`value` with every array leaf sliced along its batch axis (structure and keys unchanged)."""
-    if isinstance(value, dict):
-        return {k: _slice_leaves(v, slc) for k, v in value.items()}
-    if isinstance(value, (tuple, list)) and not hasattr(value, "shape"):
-        return type(value)(_slice_leaves(v, slc) for v in value)
-    return value[slc]
 
 
 class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
@@ -192,51 +116,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             rb._write_metadata(cache_path)
         return rb
 
-    @staticmethod
-    def _read_metadata(path: PathLike) -> Dict[str, Any]:
-        meta_path = os.path.join(os.fspath(path), METADATA_FILE)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
-        check_no_interrupted_dump(path, "ReplayBuffer")
-        meta = read_json(meta_path, "ReplayBuffer metadata")
-        check_format_version(meta, meta_path)
-        require_fields(meta, ("type", "count", "offset", "capacity", "storage_cls", "storage_path_relative",
-                              "single_instance_space"), meta_path)
-        if meta["type"] != "ReplayBuffer":
-            raise StorageFormatError(f"{meta_path}: type is {meta['type']!r}, expected 'ReplayBuffer'")
-        count = _int_field(meta, "count", meta_path)
-        offset = _int_field(meta, "offset", meta_path)
-        cap = meta["capacity"]
-        if cap is not None:
-            cap = _int_field(meta, "capacity", meta_path, 1)
-            if count > cap:
-                raise StorageFormatError(f"{meta_path}: count {count} exceeds capacity {cap}")
-            if offset >= cap:
-                raise StorageFormatError(f"{meta_path}: offset {offset} is outside [0, capacity {cap})")
-        elif offset != 0:
-            raise StorageFormatError(f"{meta_path}: a growable buffer must have offset 0, got {offset}")
-        segs = meta.get("physical_segments")
-        if segs is not None:
-            if not isinstance(segs, list) or not all(
-                    isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
-                    for p in segs):
-                raise StorageFormatError(f"{meta_path}: physical_segments must be a list of [start, end] pairs")
-            limit = cap if cap is not None else count
-            runs: List[Tuple[int, int]] = []
-            for s, e in segs:
-                if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
-                    raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
-                n = (e - s) % cap + 1 if cap is not None else e - s + 1
-                logical = (s - offset) % cap if cap is not None else s
-                if logical + n > count:
-                    raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
-                                             f"(count {count}, offset {offset})")
-                for r in runs:
-                    if ring_positions_overlap(r, (s, n), cap):
-                        raise StorageFormatError(f"{meta_path}: segments {[r[0], (r[0] + r[1] - 1) % (cap or 1 << 62)]} "
-                                                 f"and [{s}, {e}] overlap")
-                runs.append((s, n))
-        return meta
+    _read_metadata = staticmethod(read_metadata)
 
     @classmethod
     def load_from(cls, path: PathLike, *, backend: Any, device: Any = None, read_only: bool = True,

@@ -1,0 +1,67 @@
+"""Reading and validating a replay buffer's `metadata.json` (shared by `load_from` and the static helpers)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Tuple
+
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import (PathLike, check_format_version, check_no_interrupted_dump, read_json,
+                                    require_fields)
+from unienv_data.base.segments import ring_positions_overlap
+
+METADATA_FILE = "metadata.json"
+
+
+def _int_field(meta: Dict[str, Any], name: str, where: str, minimum: int = 0) -> int:
+    v = meta.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise StorageFormatError(f"{where}: {name!r} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+def read_metadata(path: PathLike) -> Dict[str, Any]:
+    """Reads and validates a buffer's metadata.json (count, offset, capacity, segments); StorageFormatError
+    names what is wrong, FileNotFoundError when the directory is missing."""
+    meta_path = os.path.join(os.fspath(path), METADATA_FILE)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
+    check_no_interrupted_dump(path, "ReplayBuffer")
+    meta = read_json(meta_path, "ReplayBuffer metadata")
+    check_format_version(meta, meta_path)
+    require_fields(meta, ("type", "count", "offset", "capacity", "storage_cls", "storage_path_relative",
+                          "single_instance_space"), meta_path)
+    if meta["type"] != "ReplayBuffer":
+        raise StorageFormatError(f"{meta_path}: type is {meta['type']!r}, expected 'ReplayBuffer'")
+    count = _int_field(meta, "count", meta_path)
+    offset = _int_field(meta, "offset", meta_path)
+    cap = meta["capacity"]
+    if cap is not None:
+        cap = _int_field(meta, "capacity", meta_path, 1)
+        if count > cap:
+            raise StorageFormatError(f"{meta_path}: count {count} exceeds capacity {cap}")
+        if offset >= cap:
+            raise StorageFormatError(f"{meta_path}: offset {offset} is outside [0, capacity {cap})")
+    elif offset != 0:
+        raise StorageFormatError(f"{meta_path}: a growable buffer must have offset 0, got {offset}")
+    segs = meta.get("physical_segments")
+    if segs is not None:
+        if not isinstance(segs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+                for p in segs):
+            raise StorageFormatError(f"{meta_path}: physical_segments must be a list of [start, end] pairs")
+        limit = cap if cap is not None else count
+        runs: List[Tuple[int, int]] = []
+        for s, e in segs:
+            if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
+                raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
+            n = (e - s) % cap + 1 if cap is not None else e - s + 1
+            logical = (s - offset) % cap if cap is not None else s
+            if logical + n > count:
+                raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
+                                         f"(count {count}, offset {offset})")
+            for r in runs:
+                if ring_positions_overlap(r, (s, n), cap):
+                    raise StorageFormatError(f"{meta_path}: segments {[r[0], (r[0] + r[1] - 1) % (cap or 1 << 62)]} "
+                                             f"and [{s}, {e}] overlap")
+            runs.append((s, n))
+    return meta

@@ -3,9 +3,10 @@
 ToBackendOrDeviceStorage) subclass it and only map values on the way through."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+import os
+from typing import Any, Dict, List, Optional, Union
 
-from .files import PathLike
+from .files import PathLike, atomic_write_json, dump_transaction
 from .segments import SegmentLog
 from .storage import SpaceStorage
 
@@ -14,7 +15,54 @@ class WrappedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     """Forwards lengths, capacity, segments and growth to `self.inner_storage` (set by the subclass)."""
 
     inner_storage: SpaceStorage
+    inner_storage_path: Union[str, PathLike]
     _cache_filename: Optional[Union[str, PathLike]] = None
+    #: whether `close()` closes the inner storage (True when this object created or loaded it)
+    _owns_inner: bool = False
+    #: name of the metadata file written next to the inner storage (set by each subclass)
+    metadata_file: str = ""
+
+    # ------------------------------------------------------------------ persistence (shared by every wrapper)
+    def _metadata(self) -> Dict[str, Any]:
+        """The JSON the subclass writes into `metadata_file`."""
+        raise NotImplementedError
+
+    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+        atomic_write_json(os.path.join(os.fspath(path), self.metadata_file), self._metadata())
+
+    def flush(self) -> None:
+        """Makes committed rows and segments durable in the cache directory (inner data first, then metadata)."""
+        self._check_open()
+        flush = getattr(self.inner_storage, "flush", None)
+        if flush is not None:
+            flush()
+        if self._cache_filename is not None and self.is_mutable:
+            self._write_metadata(self._cache_filename)
+
+    def dumps(self, path: Union[str, PathLike]) -> None:
+        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically). Into another
+        directory this runs inside a dump marker, so a dump killed halfway leaves a directory that refuses to load."""
+        self._check_open()
+        inner_path = os.path.join(os.fspath(path), os.fspath(self.inner_storage_path))
+        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
+            os.fspath(self._cache_filename))
+        if own:
+            self.inner_storage.dumps(inner_path)
+            self._write_metadata(path)
+            return
+        with dump_transaction(path, directory=True):
+            self.inner_storage.dumps(inner_path)
+            self._write_metadata(path)
+
+    def close(self) -> None:
+        """Closes the inner storage if this object created or loaded it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_inner:
+            self.inner_storage.close()
+
+    # ------------------------------------------------------------------ forwarded contract
 
     @property
     def cache_filename(self) -> Optional[Union[str, PathLike]]:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Type, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, PathLike, check_format_version,
                                     confined_path, read_json, require_fields)
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
@@ -89,6 +89,8 @@ class ToBackendOrDeviceStorage(WrappedStorage):
     Closing it closes the inner storage only when it created or loaded it; garbage collection never closes anything.
     """
 
+    metadata_file = METADATA_FILE
+
     single_file_ext: Optional[str] = None
 
     def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
@@ -157,6 +159,7 @@ class ToBackendOrDeviceStorage(WrappedStorage):
         if not os.path.isdir(path):
             raise StorageNotFoundError(f"ToBackendOrDeviceStorage directory not found: {path}")
         meta_path = os.path.join(path, METADATA_FILE)
+        check_no_interrupted_dump(path, "ToBackendOrDeviceStorage")
         meta = read_json(meta_path, "ToBackendOrDeviceStorage metadata")
         check_format_version(meta, meta_path)
         require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", "inner_backend",
@@ -275,33 +278,6 @@ class ToBackendOrDeviceStorage(WrappedStorage):
         return {"storage_type": "ToBackendOrDeviceStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
                 "inner_storage_path": os.fspath(self.inner_storage_path), "inner_backend": serialize_backend(ib),
                 "inner_device": ib.serialize_device(self.inner_device), "format_version": FORMAT_VERSION}
-
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
-
-    def flush(self) -> None:
-        """Makes committed rows and segments durable in the cache directory (inner data first, then metadata)."""
-        self._check_open()
-        flush = getattr(self.inner_storage, "flush", None)
-        if flush is not None:
-            flush()
-        if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
-
-    def dumps(self, path: Union[str, PathLike]) -> None:
-        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
-        self._check_open()
-        os.makedirs(path, exist_ok=True)
-        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
-        self._write_metadata(path)
-
-    def close(self) -> None:
-        """Closes the inner storage if this object created or loaded it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_inner:
-            self.inner_storage.close()
 
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, check_no_interrupted_dump, confined_path, dump_transaction, read_json, require_fields)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, check_format_version, check_no_interrupted_dump, confined_path, read_json, require_fields)
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
@@ -90,6 +90,8 @@ class FlattenedStorage(WrappedStorage):
     * closing or garbage-collecting a FlattenedStorage built around an existing inner storage never closes that
       inner storage; `close()` closes only an inner storage it created or loaded itself.
     """
+
+    metadata_file = METADATA_FILE
 
     single_file_ext: Optional[str] = None
 
@@ -338,39 +340,6 @@ class FlattenedStorage(WrappedStorage):
                 "capacity": self.inner_storage.capacity,
                 "row": {"dtype": self.backend.dtype_name(self._plan.flat_space.dtype), "width": self._plan.width},
                 "layout": self._plan.layout_json(), "space": space_to_json(self.single_instance_space)}
-
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
-
-    def flush(self) -> None:
-        """Makes committed rows and segments durable in the cache directory (data first, then metadata)."""
-        self._check_open()
-        flush = getattr(self.inner_storage, "flush", None)
-        if flush is not None:
-            flush()
-        if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
-
-    def dumps(self, path: Union[str, PathLike]) -> None:
-        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
-        self._check_open()
-        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
-            os.fspath(self._cache_filename))
-        if own:
-            self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
-            self._write_metadata(path)
-            return
-        with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
-            self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
-            self._write_metadata(path)
-
-    def close(self) -> None:
-        """Closes the inner storage if this object created or loaded it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_inner:
-            self.inner_storage.close()
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
+from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, PathLike, check_format_version,
                                     confined_path, read_json, require_fields)
 from unienv_data.base.indexing import is_single_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
@@ -94,6 +94,8 @@ class TransformedStorage(WrappedStorage):
     Closing a TransformedStorage closes the inner storage only when it created or loaded it; garbage collection
     never closes anything.
     """
+
+    metadata_file = METADATA_FILE
 
     single_file_ext: Optional[str] = None
 
@@ -185,6 +187,7 @@ class TransformedStorage(WrappedStorage):
         legacy = os.path.exists(os.path.join(path, LEGACY_PICKLE_FILE))
         if legacy and not os.path.exists(meta_path):
             raise StorageFormatError(cls._pickle_refusal(path))
+        check_no_interrupted_dump(path, "TransformedStorage")
         meta = read_json(meta_path, "TransformedStorage metadata")
         check_format_version(meta, meta_path)
         if "data_transformation" not in meta and legacy:
@@ -313,33 +316,6 @@ class TransformedStorage(WrappedStorage):
                 "inner_storage_path": os.fspath(self.inner_storage_path),
                 "data_transformation": transformation_to_json(self.data_transformation),
                 "space": space_to_json(self.single_instance_space), "format_version": FORMAT_VERSION}
-
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
-
-    def flush(self) -> None:
-        """Makes committed rows and segments durable in the cache directory (inner data first, then metadata)."""
-        self._check_open()
-        flush = getattr(self.inner_storage, "flush", None)
-        if flush is not None:
-            flush()
-        if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
-
-    def dumps(self, path: Union[str, PathLike]) -> None:
-        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically)."""
-        self._check_open()
-        os.makedirs(path, exist_ok=True)
-        self.inner_storage.dumps(os.path.join(os.fspath(path), os.fspath(self.inner_storage_path)))
-        self._write_metadata(path)
-
-    def close(self) -> None:
-        """Closes the inner storage if this object created or loaded it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_inner:
-            self.inner_storage.close()
 
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()

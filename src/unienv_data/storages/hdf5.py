@@ -50,6 +50,7 @@ from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._column_view import ColumnView
 from ._list_storage import (Leaf, LeafTree, check_capacity, check_count, check_stored_space, describe_leaf,
                             require_module, temp_name)
 
@@ -1083,69 +1084,16 @@ def _infer_space(root: Any) -> Tuple[int, Optional[int], Space]:
     return n, c, DictSpace(B, {k: s for k, (_, _, s) in found.items()})
 
 
-class HDF5ColumnView(SpaceStorage[Any, Any, Any, Any, Any]):
+class HDF5ColumnView(ColumnView):
     """A sub-dict or leaf of an `HDF5Storage` (from `get_column`): reads and writes those datasets of the parent's
     file. Length, capacity and segments are the parent's; segments and the length are changed through the parent."""
 
     single_file_ext: Optional[str] = ".hdf5"
 
-    def __init__(self, parent: HDF5Storage, space: Space, which: Sequence[int], keys: Sequence[str]) -> None:
-        super().__init__(space)
-        self._parent = parent
-        self._which = list(which)
-        self._keys = list(keys)
-        self._tree = LeafTree(space, f"{type(parent).__name__} column {'/'.join(keys)!r}", DEFAULT_KEY)
-
-    @property
-    def parent(self) -> HDF5Storage:
-        return self._parent
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self._parent.capacity
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    @property
-    def is_mutable(self) -> bool:
-        return self._parent.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._parent.is_multiprocessing_safe
-
-    def _check_open(self) -> None:
-        super()._check_open()
-        self._parent._check_open()
-
-    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        self._check_open()
-        return self._parent.get_segments()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        self._check_open()
-        raise StorageStateError("a column view reads and writes rows only; build segments and change the length "
-                                "through the parent storage")
-
-    mark_segment_start = _refuse  # type: ignore[assignment]
-    extend_length = _refuse  # type: ignore[assignment]
-    shrink_length = _refuse  # type: ignore[assignment]
-    clear = _refuse  # type: ignore[assignment]
-
-    def open_segment_writer(self) -> Any:
-        self._refuse()
-
     def get(self, index: Any) -> Any:
         self._check_open()
         norm = self._parent._norm(index)
         return self._tree.assemble(self._parent._read_leaves(norm, self._which))
-
-    def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
-        norm = self._parent._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._parent._write_leaves(norm, self._tree.split(value, lead), self._which)
 
     def dumps(self, path: PathLike) -> None:
         """Writes these leaves as a standalone HDF5Storage file for this view's space."""
@@ -1155,17 +1103,6 @@ class HDF5ColumnView(SpaceStorage[Any, Any, Any, Any, Any]):
         if own is not None and os.path.exists(path) and os.path.samefile(path, own):
             raise ValueError(f"cannot dump a column view onto the file it is a view of ({own})")
         self._parent._write_file(path, self._which, self._tree)
-
-    def close(self) -> None:
-        self._closed = True
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"parent": self._parent, "keys": self._keys}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        parent: HDF5Storage = state["parent"]
-        space, which = parent._tree.subtree(state["keys"])
-        HDF5ColumnView.__init__(self, parent, space, which, state["keys"])
 
 
 __all__ = ["HDF5Storage", "HDF5ColumnView", "META_ATTR", "CHUNK_TARGET_BYTES"]

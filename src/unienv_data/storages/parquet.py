@@ -39,6 +39,7 @@ from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._column_view import ColumnView
 from ._list_storage import (Leaf, LeafTree, check_capacity, check_count, check_stored_space, describe_leaf,
                             link_or_copy, replace_file, require_module)
 from ._io_pool import map_io
@@ -676,7 +677,7 @@ class ParquetStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             raise KeyError(f"{type(self).__name__} of a single {type(self.single_instance_space).__name__} has no columns "
                            "to select")
         sub, which = self._tree.subtree(keys)
-        return ParquetColumnView(self, sub, which[0], keys[0])
+        return ParquetColumnView(self, sub, which[:1], keys[:1])
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> Dict[str, Any]:
@@ -764,83 +765,19 @@ def _dtypes_from_schema(path: str) -> Dict[str, str]:
     return out
 
 
-class ParquetColumnView(SpaceStorage[Any, Any, Any, Any, Any]):
+class ParquetColumnView(ColumnView):
     """One column of a `ParquetStorage` (from `get_column`). Reads decode only this column; writes change only it.
     Length, capacity and segments are the parent's and change through the parent."""
 
     single_file_ext: Optional[str] = None
 
-    def __init__(self, parent: ParquetStorage, space: Space, which: int, key: str) -> None:
-        super().__init__(space)
-        self._parent = parent
-        self._which = which
-        self._key = key
-        self._tree = LeafTree(space, f"{type(parent).__name__} column {key!r}", DEFAULT_KEY)
-
-    @property
-    def parent(self) -> ParquetStorage:
-        return self._parent
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self._parent.capacity
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    @property
-    def is_mutable(self) -> bool:
-        return self._parent.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._parent.is_multiprocessing_safe
-
-    def _check_open(self) -> None:
-        super()._check_open()
-        self._parent._check_open()
-
-    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        self._check_open()
-        return self._parent.get_segments()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        self._check_open()
-        raise StorageStateError("a column view reads and writes rows only; build segments and change the length "
-                                "through the parent storage")
-
-    mark_segment_start = _refuse  # type: ignore[assignment]
-    extend_length = _refuse  # type: ignore[assignment]
-    shrink_length = _refuse  # type: ignore[assignment]
-    clear = _refuse  # type: ignore[assignment]
-
-    def open_segment_writer(self) -> Any:
-        self._refuse()
-
     def get(self, index: Any) -> Any:
         self._check_open()
-        return self._parent._read_leaves(self._parent._norm(index), [self._which])[0]
-
-    def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
-        norm = self._parent._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._parent._write_leaves(norm, self._tree.split(value, lead), [self._which])
+        return self._parent._read_leaves(self._parent._norm(index), self._which)[0]
 
     def dumps(self, path: PathLike) -> None:
         """Dumps the whole parent storage (a column is not a storage directory of its own)."""
         self._parent.dumps(path)
-
-    def close(self) -> None:
-        self._closed = True
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"parent": self._parent, "key": self._key}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        parent: ParquetStorage = state["parent"]
-        space, which = parent._tree.subtree([state["key"]])
-        ParquetColumnView.__init__(self, parent, space, which[0], state["key"])
 
 
 __all__ = ["ParquetStorage", "ParquetColumnView", "piece_filename", "METADATA_FILE"]

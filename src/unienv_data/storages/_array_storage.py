@@ -434,10 +434,14 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
                 "length": self._length, "segments": self._segments.to_json()}
 
     def _segments_dropped(self) -> None:
-        if self._block.mode == MEMMAP and not self._read_only and self._block.path is not None:
-            self._write_sidecar(str(self._block.path))
-            self._meta_dirty = False
-            self._saved_log_version = self._segments.version
+        if self._block.mode == MEMMAP and not self._read_only:
+            self._save_own_sidecar()
+
+    def _save_own_sidecar(self) -> None:
+        """Rewrites the cache file's metadata and records that it is up to date."""
+        self._write_sidecar(str(self._block.path))
+        self._meta_dirty = False
+        self._saved_log_version = self._segments.version
 
     def _has_persistent_segments(self) -> bool:
         return self._persistent_segments
@@ -451,9 +455,7 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if self._block.mode == MEMMAP and not self._read_only:
             if is_durable():
                 self._block.flush()
-            self._write_sidecar(str(self._block.path))
-            self._meta_dirty = False
-            self._saved_log_version = self._segments.version
+            self._save_own_sidecar()
 
     def dumps(self, path: PathLike) -> None:
         """Writes the rows (raw, reference layout) and the sidecar metadata to `path`; its own file flushes."""

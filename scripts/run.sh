@@ -73,8 +73,8 @@ PYEOF
 STAMP="$VENV/.installed-$stamp_hash"
 
 if [[ ! -f "$STAMP" ]]; then
-    echo "run.sh: installing project into .venv (extras: torch,video,hdf5,parquet,dev)" >&2
-    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,video,hdf5,parquet,dev]"
+    echo "run.sh: installing project into .venv (extras: torch,video,hdf5,parquet,ray,dev)" >&2
+    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,video,hdf5,parquet,ray,dev]"
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 fi
@@ -83,7 +83,7 @@ fi
 case "$cmd" in
     demo)  exec "$PY" -m unienv_data demo "$@" ;;
     cli)   exec "$PY" -m unienv_data "$@" ;;
-    test)  exec "$PY" -m pytest -q -n 2 "$@" ;;
+    test)  exec "$PY" -m pytest -q -n 2 --dist loadgroup "$@" ;;
     mypy)  exec "$PY" -m mypy "$@" ;;
     docs)  exec "$PY" -m mkdocs build --strict "$@" ;;
     bench) exec "$PY" bench/bench_flattened.py "$@" ;;

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+
 import pytest
+
+from unienv_data.integrations.ray._local import LOOPBACK_ENV
+
+# Before any test module can import Ray: Ray reads these at import time (see init_local_cluster).
+os.environ.update(LOOPBACK_ENV)
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -29,3 +36,21 @@ def soak_factor(config: Any) -> int:
 def soak(request: Any) -> int:
     """Multiplier for trial counts: 1 in CI, `--soak-factor` with `--soak`."""
     return soak_factor(request.config)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """A loopback-only single-node Ray cluster for the whole test session (module `ray` imported lazily).
+
+    Skips when the `ray` extra is not installed. Tests that use it carry ``pytest.mark.xdist_group("ray")`` so that
+    under ``-n 2 --dist loadgroup`` one worker runs them all against one cluster. Shut down with ``ray.shutdown()``
+    at the end of the session (never ``ray stop``, which would stop clusters that are not ours).
+    """
+    ray = pytest.importorskip("ray")
+    from unienv_data.integrations.ray import init_local_cluster
+
+    init_local_cluster(num_cpus=2, object_store_bytes=1 << 30)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -15,6 +15,9 @@ from unienv_data.integrations.ray._local import LOOPBACK_ENV
 
 # Before any test module can import Ray: Ray reads these at import time (see init_local_cluster).
 os.environ.update(LOOPBACK_ENV)
+# JAX joins the backend-parametrized tests with its full dtype set (64-bit included), like NumPy and torch; the
+# default 32-bit mode, which narrows 64-bit data, is tested in a subprocess (tests/test_jax_storage.py).
+os.environ.setdefault("JAX_ENABLE_X64", "1")
 
 
 def pytest_addoption(parser: Any) -> None:

@@ -20,6 +20,22 @@ torch = pytest.importorskip("torch")
 from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB  # noqa: E402
 
 BACKENDS = [pytest.param(NB, id="numpy"), pytest.param(TB, id="pytorch")]
+try:  # JAX joins every backend-parametrized test when the `jax` extra is installed (CI installs it)
+    from unienv_interface.backends.jax import JaxComputeBackend as _JB
+    BACKENDS.append(pytest.param(_JB, id="jax"))
+    import jax as _jax
+    _JAX_X64 = bool(_jax.config.read("jax_enable_x64"))
+except ModuleNotFoundError:
+    _JB = None  # type: ignore[assignment,misc]
+    _JAX_X64 = True
+#: dtype a backend keeps for a NumPy array of each name (JAX without x64 narrows 64-bit data it can hold exactly)
+_JAX_NARROW = {"int64": "int32", "uint64": "uint32", "float64": "float32", "complex128": "complex64"}
+
+
+def kept_dtype(B: Any, name: str) -> str:
+    if B is _JB and not _JAX_X64:
+        return _JAX_NARROW.get(name, name)
+    return name
 ALL_NAMES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
              "float32", "float64", "complex64", "complex128"]
 #: dtypes NumPy and PyTorch both have
@@ -94,7 +110,8 @@ class TestNamespaceClasses:
         x = B.zeros((3,), dtype=B.float32)
         out = B.at(x)[1].set(5.0)
         np.testing.assert_array_equal(B.to_numpy(out), [0.0, 5.0, 0.0])
-        np.testing.assert_array_equal(B.to_numpy(x), [0.0, 5.0, 0.0])
+        # NumPy and torch write in place; JAX arrays are immutable, so the original stays as it was
+        np.testing.assert_array_equal(B.to_numpy(x), [0.0, 0.0, 0.0] if B is _JB else [0.0, 5.0, 0.0])
 
     def test_get_backend_from_tensor(self) -> None:
         assert get_backend_from_tensor(np.zeros(2)) is NB
@@ -123,10 +140,22 @@ class TestConversion:
     def test_from_numpy_to_numpy_round_trip(self, B: Any, name: str) -> None:
         a = np.arange(6).reshape(2, 3).astype(name)
         x = B.from_numpy(a)
-        assert B.is_backendarray(x) and B.dtype_name(x.dtype) == name and tuple(x.shape) == (2, 3)
+        kept = kept_dtype(B, name)
+        assert B.is_backendarray(x) and B.dtype_name(x.dtype) == kept and tuple(x.shape) == (2, 3)
         back = B.to_numpy(x)
-        assert isinstance(back, np.ndarray) and back.dtype == np.dtype(name)
+        assert isinstance(back, np.ndarray) and back.dtype == np.dtype(kept)
         np.testing.assert_array_equal(back, a)
+
+    @pytest.mark.skipif(_JB is None or _JAX_X64, reason="needs JAX running without JAX_ENABLE_X64")
+    @pytest.mark.parametrize("name,big", [("int64", 2**40), ("uint64", 2**33), ("float64", 1e300)])
+    def test_jax_without_x64_refuses_64_bit_values_it_cannot_hold(self, name: str, big: Any) -> None:
+        a = np.array([1, big], dtype=name)
+        with pytest.raises(ValueError, match=f"{name}.*JAX_ENABLE_X64"):
+            _JB.from_numpy(a)
+        with pytest.raises(ValueError, match="JAX_ENABLE_X64"):
+            _JB.from_other_backend(TB, torch.from_numpy(a.copy()) if name != "uint64" else torch.tensor([1, 2**33]))
+        ok = _JB.from_other_backend(TB, torch.tensor([1, -2], dtype=torch.int64))
+        assert ok.dtype.name == "int32" and ok.tolist() == [1, -2]
 
     @pytest.mark.parametrize("B", BACKENDS)
     def test_from_numpy_with_dtype(self, B: Any) -> None:

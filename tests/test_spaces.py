@@ -25,6 +25,11 @@ except ImportError:  # pragma: no cover - the torch extra is not installed
 
 needs_torch = pytest.mark.skipif(torch is None, reason="needs the torch extra")
 BACKENDS = [pytest.param(NB, id="numpy"), pytest.param(TB, id="pytorch", marks=needs_torch)]
+try:  # JAX joins every backend-parametrized test when the `jax` extra is installed (CI installs it)
+    from unienv_interface.backends.jax import JaxComputeBackend as JB
+    BACKENDS.append(pytest.param(JB, id="jax"))
+except ModuleNotFoundError:  # pragma: no cover - the jax extra is not installed
+    JB = None  # type: ignore[assignment,misc]
 
 
 def dt(B: Any, name: str) -> Any:
@@ -242,7 +247,11 @@ class TestBoxConstruction:
         with pytest.raises((ValueError, TypeError, RuntimeError)):
             s.low_numpy[0] = 5.0
         low = s.low
-        low[0] = 0.5  # mutating a returned bound must not change the space
+        if B is JB:  # JAX arrays cannot be mutated at all
+            with pytest.raises(TypeError):
+                low[0] = 0.5
+        else:
+            low[0] = 0.5  # mutating a returned bound must not change the space
         assert s == BoxSpace(B, 0.0, 1.0, dt(B, "float32"), shape=(2,))
         np.testing.assert_array_equal(s.low_numpy, [0.0, 0.0])
         np.testing.assert_array_equal(as_np(B, s.low), [0.0, 0.0])
@@ -777,7 +786,10 @@ class TestPromotionTable:
                              ids=["+".join(r[0]) for r in PROMOTION_TABLE])
     @pytest.mark.parametrize("B", BACKENDS)
     def test_row_dtype(self, B: Any, leaves: List[str], torch_row: str, numpy_row: str) -> None:
-        want = torch_row if B.simplified_name == "pytorch" else numpy_row
+        # JAX promotes like torch (an integer or bool next to a float takes the float), NumPy widens to float64
+        want = numpy_row if B.simplified_name == "numpy" else torch_row
+        if B.simplified_name == "jax" and "bool" in leaves and want == "int32":
+            want = B.dtype_name(B.default_integer_dtype)  # bools widen to JAX's default integer (int64 with x64)
         sp = DictSpace(B, {f"k{i}": _leaf(B, n) for i, n in enumerate(leaves)})
         flat = fu.flatten_space(sp)
         assert B.dtype_name(flat.dtype) == want
@@ -855,6 +867,8 @@ class TestFlattenData:
         sp = DictSpace(B, {"a": BoxSpace(B, -9, 9, f, shape=(2,)), "b": BoxSpace(B, -9, 9, f, shape=(1,))})
         flat = B.from_numpy(np.array([1.0, 2.0, 3.0], np.float32))
         out = fu.unflatten_data(sp, flat)
+        if B is JB:
+            pytest.skip("JAX arrays are immutable: a view could never change")
         flat[0] = 7.0
         np.testing.assert_array_equal(as_np(B, out["a"]), [1.0, 2.0])
 

@@ -37,8 +37,9 @@ def backend_array_storage(space: Space) -> Type[SpaceStorage]:
     if name == "numpy":
         from .numpy_memmap import NumpyMemmapStorage
         return NumpyMemmapStorage
-    raise TypeError(f"no array storage serves the {name} backend; build the space on numpy or pytorch (and move "
-                    "batches to the device afterwards)")
+    raise TypeError(f"no array storage serves the {name} backend: use create_native_storage (it wraps the NumPy "
+                    "layout in ToBackendOrDeviceStorage) or ToBackendOrDeviceStorage.create(space, ..., "
+                    "backend='numpy')")
 
 
 def default_image_storage(space: Space) -> Type[SpaceStorage]:

@@ -29,19 +29,24 @@ promotes to the widest dtype (uint8 images in float32 rows take 4x the bytes, 8x
 integers above the float's mantissa can no longer be stored.
 
 Reopen with `load_native_storage(path, space)` (the same as `DictStorage.load_from`: the groups are recorded in
-the metadata). With a replay buffer: `ReplayBuffer.create(DictStorage, space, capacity=..., cache_path=...,
+the metadata).
+
+A space on a backend without an array storage of its own (JAX) is stored on NumPy: `create_native_storage`
+returns a `ToBackendOrDeviceStorage` around the NumPy native layout that converts every read to the space's backend
+and device (through DLPack where it can) and every write to NumPy; `load_native_storage` reopens it the same way. With a replay buffer: `ReplayBuffer.create(DictStorage, space, capacity=..., cache_path=...,
 **native_layout_kwargs(space))`.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional, Type
+from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 from unienv_data.base.files import PathLike
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 
 from ._dict_routing import leaf_items
+from .backend_compat import ToBackendOrDeviceStorage
 from .dict_storage import DictStorage
 from .flattened import FlattenedStorage
 from .metadata_routing import backend_array_storage
@@ -117,28 +122,48 @@ def native_layout_kwargs(space: Space, *, image_storage: str = "array",
             "nested_separator": sep}
 
 
+_ARRAY_BACKENDS = ("numpy", "pytorch")
+
+
+def _needs_host_backend(space: Space) -> bool:
+    """True when no array storage serves the space's backend (JAX): the layout is then kept on NumPy."""
+    return space.backend.simplified_name not in _ARRAY_BACKENDS
+
+
 def create_native_storage(space: Space, *, capacity: Optional[int] = None, cache_path: Optional[PathLike] = None,
                           multiprocessing: bool = False, image_storage: str = "array",
-                          video_kwargs: Optional[Mapping[str, Any]] = None) -> DictStorage:
+                          video_kwargs: Optional[Mapping[str, Any]] = None
+                          ) -> Union[DictStorage, ToBackendOrDeviceStorage]:
     """A `DictStorage` of `space` that keeps every leaf in its own dtype (see the module docstring).
 
     `capacity=None` makes it growable. With `cache_path` every child is memory-mapped (or a video directory) under
     that directory and the storage can be reopened with `load_native_storage(cache_path, space)`; without it the
     rows live in RAM (in shared memory with `multiprocessing=True`). `image_storage="video"` stores image leaves
-    with `VideoStorage(**video_kwargs)` and needs a `cache_path`.
+    with `VideoStorage(**video_kwargs)` and needs a `cache_path`. A JAX space gets the NumPy layout wrapped in a
+    `ToBackendOrDeviceStorage` that serves JAX arrays.
     """
-    kwargs = native_layout_kwargs(space, image_storage=image_storage, video_kwargs=video_kwargs)
     if image_storage == "video" and cache_path is None:
         raise ValueError("image_storage='video' writes video files and needs a cache_path")
+    if _needs_host_backend(space):
+        from unienv_interface.backends.numpy import NumpyComputeBackend
+
+        host_kwargs = native_layout_kwargs(space.to(NumpyComputeBackend, None), image_storage=image_storage,
+                                           video_kwargs=video_kwargs)
+        cls_map = host_kwargs.pop("storage_cls_map")
+        return ToBackendOrDeviceStorage.create(space, DictStorage, cls_map, capacity=capacity, cache_path=cache_path,
+                                               multiprocessing=multiprocessing, backend="numpy", **host_kwargs)
+    kwargs = native_layout_kwargs(space, image_storage=image_storage, video_kwargs=video_kwargs)
     return DictStorage.create(space, kwargs.pop("storage_cls_map"), capacity=capacity, cache_path=cache_path,
                               multiprocessing=multiprocessing, **kwargs)
 
 
 def load_native_storage(path: PathLike, space: Space, *, capacity: Optional[int] = None, read_only: bool = True,
-                        multiprocessing: bool = False, **kwargs: Any) -> DictStorage:
-    """Reopens a native-layout directory (`DictStorage.load_from`: the layout is recorded in its metadata)."""
-    return DictStorage.load_from(path, space, capacity=capacity, read_only=read_only,
-                                 multiprocessing=multiprocessing, **kwargs)
+                        multiprocessing: bool = False, **kwargs: Any) -> Union[DictStorage, ToBackendOrDeviceStorage]:
+    """Reopens a native-layout directory (`DictStorage.load_from`: the layout is recorded in its metadata; a JAX
+    space's layout through `ToBackendOrDeviceStorage.load_from`)."""
+    opener = ToBackendOrDeviceStorage if _needs_host_backend(space) else DictStorage
+    return opener.load_from(path, space, capacity=capacity, read_only=read_only,  # type: ignore[no-any-return]
+                            multiprocessing=multiprocessing, **kwargs)
 
 
 def native_bytes_per_sample(space: Space) -> int:

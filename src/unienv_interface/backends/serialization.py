@@ -38,6 +38,8 @@ def serialize_dtype(dtype: Any, backend: Any = None) -> str:
         return str(backend.dtype_name(dtype))
     if type(dtype).__module__.startswith("torch"):
         return str(deserialize_backend("pytorch").dtype_name(dtype))
+    if getattr(dtype, "name", None) == "bfloat16" or dtype == "bfloat16":  # ml_dtypes' bfloat16 (JAX's)
+        return "bfloat16"
     return NumpyComputeBackend.dtype_name(dtype)
 
 

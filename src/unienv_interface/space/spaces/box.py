@@ -197,8 +197,8 @@ class BoxSpace(Space[Any, Any, Any, Any]):
         if not b.is_backendarray(x) or tuple(x.shape) != self.shape or x.dtype != self._dtype:
             return False
         a = b.to_numpy(x)
-        if b.dtype_name(self._dtype) == "bfloat16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+        if b.dtype_name(self._dtype) == "bfloat16":  # raw bits (torch) or ml_dtypes' bfloat16 values (JAX)
+            a = (a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a.astype(np.float32)
         with np.errstate(invalid="ignore"):
             return bool(np.all(a >= self._low_np) and np.all(a <= self._high_np))
 

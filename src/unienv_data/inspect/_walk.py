@@ -1,0 +1,255 @@
+"""Walking a dataset: `detect` what a path holds, `walk` it into a tree of `StorageNode`s, following the storages
+that a replay buffer, `DictStorage`, `FlattenedStorage` or wrapper storage names (see the package docstring)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+
+from ._fill_leaves import _apply_generic_meta, _fill_array, _fill_generic, _fill_hdf5, _fill_image, _fill_video
+from ._metadata import _inside, _int_or_none, _read_meta, _short
+from ._records import ARRAY_KINDS, DIRECTORY_METADATA, HDF5_EXTENSIONS, SIDECAR_SUFFIX, StorageNode
+from ._space_json import _prune_json, _sub_json, leaf_items
+
+
+def detect(path: str) -> Tuple[str, str]:
+    """`(kind, metadata file)` of what `path` holds; StorageNotFoundError / StorageFormatError otherwise."""
+    if os.path.isfile(path):
+        if path.endswith(HDF5_EXTENSIONS) and not os.path.isfile(path + SIDECAR_SUFFIX):
+            return "HDF5Storage", path
+        side = path + SIDECAR_SUFFIX
+        if os.path.isfile(side):
+            try:
+                with open(side) as f:
+                    kind = _short(json.load(f).get("storage_type", "array"))
+            except (OSError, ValueError, AttributeError):
+                kind = "array"
+            return kind, side
+        raise StorageFormatError(f"{path} is a file without a {SIDECAR_SUFFIX} sidecar: not a dataset this tool "
+                                 "can recognise (pass the dataset directory)")
+    if not os.path.isdir(path):
+        raise StorageNotFoundError(f"no such file or directory: {path}")
+    for name, kind in DIRECTORY_METADATA:
+        if os.path.isfile(os.path.join(path, name)):
+            return kind, os.path.join(path, name)
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".json") and "metadata" in name:
+            try:
+                with open(os.path.join(path, name)) as f:
+                    st = json.load(f).get("storage_type")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(st, str):
+                return _short(st), os.path.join(path, name)
+    known = ", ".join(n for n, _ in DIRECTORY_METADATA)
+    raise StorageFormatError(f"{path} holds no dataset metadata (looked for {known}, or a file with a "
+                             f"{SIDECAR_SUFFIX} sidecar)")
+
+
+def walk(path: str) -> StorageNode:
+    """The storage tree of the dataset at `path` (a directory, or one array file); see the module docstring.
+
+    Problems found in the metadata are recorded on the nodes (`StorageNode.problems`), not raised, so a damaged
+    dataset can still be described; only a path that holds no recognisable dataset raises."""
+    path = os.path.abspath(os.fspath(path))
+    kind, meta_file = detect(path)
+    if os.path.isfile(path):
+        root, rel = os.path.dirname(path), os.path.basename(path)
+    else:
+        root, rel = path, "."
+    node = StorageNode(rel=rel, kind=kind, storage_type=kind)
+    _fill(root, node, os.path.relpath(meta_file, root), None)
+    node.rel = "." if rel == "." else rel
+    return node
+
+
+#: how deep storages may nest (a deeper chain is reported as a problem: metadata that points in a circle)
+MAX_DEPTH = 32
+_UNEXPECTED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError)
+
+
+def _fill(root: str, node: StorageNode, meta_rel: Optional[str], space_json: Optional[Dict[str, Any]]) -> None:
+    """Reads the node's metadata and everything below it; metadata of an unexpected shape becomes a problem."""
+    try:
+        _fill_node(root, node, meta_rel, space_json)
+    except _UNEXPECTED as exc:
+        where = node.metadata_rel or meta_rel or node.rel
+        node.problems.append(f"{where}: unexpected metadata content ({type(exc).__name__}: {str(exc)[:200]})")
+
+
+def _fill_node(root: str, node: StorageNode, meta_rel: Optional[str], space_json: Optional[Dict[str, Any]]) -> None:
+    if node.kind in ARRAY_KINDS or node.kind == "array":
+        _fill_array(root, node, space_json)
+        return
+    if node.kind == "HDF5Storage":
+        _fill_hdf5(root, node, space_json)
+        return
+    if meta_rel is None:
+        for name, kind in DIRECTORY_METADATA:
+            if kind == node.kind:
+                meta_rel = os.path.normpath(os.path.join(node.rel, name))
+        if meta_rel is None:
+            _fill_generic(root, node, space_json)
+            return
+    meta = _read_meta(root, meta_rel, node)
+    if meta is None:
+        return
+    filler = {"ReplayBuffer": _fill_buffer, "DictStorage": _fill_dict, "FlattenedStorage": _fill_flattened,
+              "VideoStorage": _fill_video, "ImageStorage": _fill_image, "TransformedStorage": _fill_wrapper,
+              "ToBackendOrDeviceStorage": _fill_wrapper}.get(node.kind)
+    if filler is None:
+        _apply_generic_meta(root, node, meta, space_json)
+        return
+    filler(root, node, meta, space_json)
+
+
+def _child(root: str, parent: StorageNode, storage_type: Any, rel: Any, what: str, key: Optional[str],
+           prefix: Tuple[str, ...], space_json: Optional[Dict[str, Any]]) -> None:
+    joined = _inside(root, rel, parent, what)
+    if joined is None:
+        return
+    if joined == parent.rel or parent.depth >= MAX_DEPTH:
+        parent.problems.append(f"{parent.metadata_rel}: {what} path {rel!r} points back into the storage that names "
+                               "it (or storages nest deeper than this tool follows)")
+        return
+    if not isinstance(storage_type, str):
+        parent.problems.append(f"{parent.metadata_rel}: {what} has no storage type")
+        return
+    child = StorageNode(rel=joined, kind=_short(storage_type), storage_type=storage_type, key=key, prefix=prefix,
+                        depth=parent.depth + 1)
+    parent.children.append(child)
+    if not os.path.exists(os.path.join(root, joined)):
+        child.problems.append(f"{joined}: {what} is missing ({parent.metadata_rel} names it)")
+        child.space_json = space_json
+        return
+    _fill(root, child, None, space_json)
+
+
+def _fill_buffer(root: str, node: StorageNode, meta: Dict[str, Any], _space: Any) -> None:
+    if meta.get("type") != "ReplayBuffer":
+        node.problems.append(f"{node.metadata_rel}: type is {meta.get('type')!r}, expected 'ReplayBuffer'")
+        return
+    node.storage_type = "ReplayBuffer"
+    node.space_json = meta.get("single_instance_space") if isinstance(meta.get("single_instance_space"), dict) else None
+    if node.space_json is None:
+        node.problems.append(f"{node.metadata_rel}: single_instance_space is missing")
+    node.capacity = _int_or_none(meta.get("capacity"))
+    node.length = _int_or_none(meta.get("count"))
+    cap = node.capacity
+    segs = meta.get("physical_segments")
+    if isinstance(segs, list):
+        node.runs = [(int(s), (int(e) - int(s)) % cap + 1 if cap else int(e) - int(s) + 1)
+                     for s, e in (p for p in segs if isinstance(p, list) and len(p) == 2)]
+    for field_name in ("count", "offset"):
+        if _int_or_none(meta.get(field_name)) is None or meta[field_name] < 0:
+            node.problems.append(f"{node.metadata_rel}: {field_name!r} must be a non-negative int, got "
+                                 f"{meta.get(field_name)!r}")
+    if cap is not None and node.length is not None and node.length > cap:
+        node.problems.append(f"{node.metadata_rel}: count {node.length} exceeds capacity {cap}")
+    _child(root, node, meta.get("storage_cls"), meta.get("storage_path_relative"), "the buffer's storage", None, (),
+           node.space_json)
+    if node.runs is None and node.children:
+        node.runs = node_runs(node.children[0])
+
+
+def _fill_dict(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+    if isinstance(meta.get("space"), dict):
+        space_json = meta["space"]
+    node.space_json = space_json
+    node.capacity = _int_or_none(meta.get("capacity"))
+    sep = meta.get("nested_separator", "/")
+    smap = meta.get("storage_map")
+    groups_raw = meta.get("groups")
+    groups: Dict[str, Any] = groups_raw if isinstance(groups_raw, dict) else {}
+    if not isinstance(smap, dict) or not smap or not isinstance(sep, str) or not sep:
+        node.problems.append(f"{node.metadata_rel}: 'storage_map' must be a non-empty object")
+        return
+    all_leaves = [p for p, _ in leaf_items(space_json)] if space_json else []
+    claimed: set = set()
+    pending_wild: List[Tuple[str, Any]] = []
+    for key, entry in smap.items():
+        if not isinstance(entry, dict):
+            node.problems.append(f"{node.metadata_rel}: storage_map[{key!r}] must be an object")
+            continue
+        parts = tuple(str(key).split(sep))
+        if key in groups and space_json is not None:
+            wanted: List[Tuple[str, ...]] = []
+            for p in groups[key]:
+                pp = tuple(str(p).split(sep))
+                wanted.extend(lf for lf in all_leaves if lf[:len(pp)] == pp)
+            claimed.update(wanted)
+            _child(root, node, entry.get("type"), entry.get("path"), f"storage_map[{key!r}]", key, node.prefix,
+                   _prune_json(space_json, wanted))
+        elif parts[-1] == "*":
+            pending_wild.append((key, entry))
+        else:
+            claimed.update(lf for lf in all_leaves if lf[:len(parts)] == parts)
+            _child(root, node, entry.get("type"), entry.get("path"), f"storage_map[{key!r}]", key,
+                   node.prefix + parts, _sub_json(space_json, parts) if space_json is not None else None)
+    for key, entry in sorted(pending_wild, key=lambda ke: -len(ke[0])):
+        prefix = tuple(str(key).split(sep))[:-1]
+        sub: Optional[Dict[str, Any]] = None
+        if space_json is not None:
+            rest = [lf[len(prefix):] for lf in all_leaves if lf[:len(prefix)] == prefix and lf not in claimed]
+            claimed.update(prefix + r for r in rest)
+            base = _sub_json(space_json, prefix)
+            sub = _prune_json(base, rest) if base is not None else None
+        _child(root, node, entry.get("type"), entry.get("path"), f"storage_map[{key!r}]", key, node.prefix + prefix,
+               sub)
+    for c in node.children:
+        if node.capacity is not None and c.capacity is not None and c.capacity != node.capacity:
+            node.problems.append(f"{c.rel}: capacity {c.capacity} differs from the DictStorage's {node.capacity}")
+    lengths = {c.length for c in node.children if c.length is not None}
+    node.length = lengths.pop() if len(lengths) == 1 else node.length
+    if len(lengths) > 1:
+        node.problems.append(f"{node.rel}: children disagree on their length: "
+                             f"{ {c.key: c.length for c in node.children} }")
+    node.runs = node_runs(node)
+
+
+def _fill_flattened(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+    if isinstance(meta.get("space"), dict):
+        space_json = meta["space"]
+    node.space_json = space_json
+    node.capacity = _int_or_none(meta.get("capacity"))
+    row: Dict[str, Any] = meta["row"] if isinstance(meta.get("row"), dict) else {}
+    layout: List[Any] = meta["layout"] if isinstance(meta.get("layout"), list) else []
+    width = sum(int(e.get("size", 0)) for e in layout if isinstance(e, dict))
+    if row and layout and row.get("width") != width:
+        node.problems.append(f"{node.metadata_rel}: row width {row.get('width')} differs from its layout ({width})")
+    flat_json = None
+    if row:
+        flat_json = {"type": "BoxSpace", "shape": [row.get("width", width)], "dtype": row.get("dtype"), "low": 0,
+                     "high": 0}
+    _child(root, node, meta.get("inner_storage_type"), meta.get("inner_storage_path"), "inner storage", None,
+           node.prefix, flat_json)
+    if node.children:
+        inner = node.children[0]
+        node.length = inner.length
+        node.capacity = node.capacity if node.capacity is not None else inner.capacity
+        node.runs = inner.runs
+
+
+def _fill_wrapper(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+    if isinstance(meta.get("space"), dict):
+        space_json = meta["space"]
+    node.space_json = space_json
+    inner_space = None if node.kind == "TransformedStorage" else space_json
+    _child(root, node, meta.get("inner_storage_type"), meta.get("inner_storage_path"), "inner storage", None,
+           node.prefix, inner_space)
+    if node.children:
+        inner = node.children[0]
+        node.capacity, node.length, node.runs = inner.capacity, inner.length, inner.runs
+
+
+def node_runs(node: StorageNode) -> Optional[List[Tuple[int, int]]]:
+    """Segments of a node as physical (start, length) runs; a DictStorage keeps those all its children hold."""
+    if node.kind == "DictStorage":
+        sets = [set(c.runs) for c in node.children if c.runs is not None]
+        if not sets:
+            return None
+        common = set.intersection(*sets)
+        return sorted(common)
+    return node.runs

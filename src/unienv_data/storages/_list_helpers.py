@@ -1,0 +1,116 @@
+"""Small helpers the file-format storages share (re-exported by `_list_storage`): optional imports with an error
+naming the extra, capacity and count checks, atomic file replacement, hard-link-or-copy, written-row runs."""
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import is_durable
+
+
+def require_module(module: str, extra: str, who: str) -> Any:
+    """Imports an optional dependency; ModuleNotFoundError naming the extra to install when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"{who} needs the optional dependency {module.split('.')[0]!r}; install the "
+                                  f"extra: pip install 'unienv-storage[{extra}]' ({exc})") from exc
+
+
+def check_capacity(capacity: Any) -> Optional[int]:
+    """A positive int, or None (growable); ValueError otherwise."""
+    if capacity is None:
+        return None
+    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or int(capacity) <= 0:
+        raise ValueError(f"capacity must be a positive int or None (growable), got {capacity!r}")
+    return int(capacity)
+
+
+def check_count(value: Any, what: str, upper: Optional[int] = None) -> int:
+    """A non-negative int (at most `upper`); ValueError naming `what` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or int(value) < 0 \
+            or (upper is not None and int(value) > upper):
+        rng = f"[0, {upper}]" if upper is not None else ">= 0"
+        raise ValueError(f"{what} needs an int in {rng}, got {value!r}")
+    return int(value)
+
+
+def temp_name(final: str) -> str:
+    """A temporary file name next to `final` (same directory, so a rename replaces it atomically)."""
+    d, base = os.path.split(final)
+    return os.path.join(d, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def replace_file(write: Callable[[str], None], final: str) -> None:
+    """Writes a file through `write(tmp_path)` and renames it over `final` (fsync'ed when durable)."""
+    tmp = temp_name(final)
+    try:
+        write(tmp)
+        if is_durable():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """Places a copy of `src` at `dst` (replacing it): a hard link when the file system allows, else a copy.
+    Safe because storages never modify a file in place (they replace it)."""
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        return  # already a link to the same file (rename() between two links of one file would do nothing)
+    tmp = temp_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            import shutil
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def mask_to_runs(mask: np.ndarray) -> List[List[int]]:
+    """`[[start, length], ...]` of the True runs of a 1-D bool array."""
+    if not mask.size:
+        return []
+    padded = np.concatenate(([False], mask.astype(bool), [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return [[int(s), int(e - s)] for s, e in zip(edges[0::2], edges[1::2])]
+
+
+def runs_to_mask(runs: Any, length: int, where: str) -> np.ndarray:
+    """The bool mask of `[[start, length], ...]` runs (StorageFormatError naming a bad entry)."""
+    mask = np.zeros(length, dtype=bool)
+    if not isinstance(runs, list):
+        raise StorageFormatError(f"{where}: 'written' must be a list of [start, length] pairs")
+    for i, r in enumerate(runs):
+        ok = (isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+              and r[0] >= 0 and r[1] > 0 and r[0] + r[1] <= length)
+        if not ok:
+            raise StorageFormatError(f"{where}: 'written' entry {i} = {r!r} is not a [start, length] run within "
+                                     f"{length} rows")
+        mask[r[0]:r[0] + r[1]] = True
+    return mask
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """`arr` as a C-contiguous array of the same shape (np.ascontiguousarray would make a 0-d array 1-d)."""
+    return arr if arr.flags.c_contiguous else np.array(arr, order="C")

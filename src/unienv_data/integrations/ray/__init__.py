@@ -17,6 +17,19 @@ _EXPORTS: Dict[str, str] = {
     "LOOPBACK_ENV": "_local",
     "init_local_cluster": "_local",
     "non_loopback_listeners": "_local",
+    "BufferClient": "service",
+    "RemoteEpisodeBuilder": "service",
+    "RemoteSampler": "service",
+    "connect_buffer_service": "service",
+    "start_buffer_service": "service",
+    "write_shard": "service",
+    "Episode": "episodes",
+    "EpisodeBuilder": "episodes",
+    "EpisodeLayout": "episodes",
+    "commit_episodes": "episodes",
+    "episode_from_batch": "episodes",
+    "UnienvDatasource": "datasource",
+    "read_unienv": "datasource",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,261 @@
+#!/usr/bin/env python
+"""The Ray buffer service against the same work in one process, measured in the same run.
+
+Workloads (/work/shared/bench/workloads.py): W1 "proprio" (obs f32[64], action f32[8], reward f32, terminated bool;
+50 episodes x 400 steps) and W2 "camera" (W1 + image uint8[128,128,3]; 10 x 300). The buffer is the native layout
+(ReplayBuffer(DictStorage, native_layout_kwargs), memory-mapped) in a fresh directory for every measurement.
+
+Collect: every step is a dict of the workload's rows (what an env hands over), appended one at a time; every
+episode is durable in the buffer (data, then metadata by atomic rename) before the collector counts it.
+  in-process (lib)     ReplayBuffer segment writer: writer.append(step) per step, commit_segment, dumps()
+  in-process (batch)   EpisodeBuilder.append(step) per step, commit_episodes(buffer, [episode]) (one write, dumps())
+  ray N coll.          N collector actors, each RemoteEpisodeBuilder.append(step) per step; episodes go to the
+                       service `episodes_per_call` per call (one call each by default), up to 1 call in flight
+  ray 2 coll. shards   each collector writes shards of 8 episodes locally (write_shard) and the service adopts them
+Sample: batches of 256 uniformly drawn rows.
+  in-process           StepSampler(buffer, 256).sample()
+  ray                  BufferClient.sampler(256): prefetch 2, many batches per call for W1 (8 MiB blocks)
+
+Ratios are throughput(ray) / throughput(in-process): above 1 means the service is faster. Targets (issue #8):
+W2 2 collectors >= 1.2x, W1 2 collectors >= 0.5x, sampling >= 0.5x (W1 and W2), each against the in-process (lib)
+path; the in-process (batch) column shows the ratio against the fastest in-process path this library has.
+
+Usage:  .venv/bin/python bench/bench_ray.py [--quick] [--repeats N]
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Dict, List, Tuple  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from unienv_data.integrations.ray import init_local_cluster  # noqa: E402  (before anything imports ray)
+
+sys.path.insert(0, "/work/shared/bench")
+from workloads import generate  # type: ignore  # noqa: E402
+
+from unienv_interface.backends import NumpyComputeBackend as B  # noqa: E402
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E402
+from unienv_data.replay_buffer import ReplayBuffer  # noqa: E402
+from unienv_data.samplers import StepSampler  # noqa: E402
+from unienv_data.storages.dict_storage import DictStorage  # noqa: E402
+from unienv_data.storages.native_layout import native_layout_kwargs  # noqa: E402
+
+
+def make_space(image: bool) -> DictSpace:
+    sp = {"obs": BoxSpace(B, -np.inf, np.inf, np.float32, shape=(64,)),
+          "action": BoxSpace(B, -1.0, 1.0, np.float32, shape=(8,)),
+          "reward": BoxSpace(B, -np.inf, np.inf, np.float32, shape=()),
+          "terminated": BinarySpace(B, ())}
+    if image:
+        sp["image"] = BoxSpace(B, 0, 255, np.uint8, shape=(128, 128, 3))
+    return DictSpace(B, sp)
+
+
+def new_buffer(path: str, space: DictSpace, capacity: int) -> ReplayBuffer:
+    return ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=capacity, **native_layout_kwargs(space))
+
+
+def episodes_of(n_episodes: int, steps: int, rounds: int) -> List[int]:
+    return [e % n_episodes for e in range(n_episodes * rounds)]
+
+
+# ---------------------------------------------------------------------- in-process
+def inprocess_lib(root: str, space: DictSpace, data: Dict[str, np.ndarray], eps: List[int], steps: int) -> float:
+    rb = new_buffer(os.path.join(root, "lib"), space, len(eps) * steps)
+    t0 = time.perf_counter()
+    for e in eps:
+        w = rb.open_segment_writer()
+        for t in range(e * steps, (e + 1) * steps):
+            w.append({k: v[t] for k, v in data.items()})
+        rb.commit_segment(w)
+        rb.dumps()
+    dt = time.perf_counter() - t0
+    rb.close()
+    shutil.rmtree(os.path.join(root, "lib"))
+    return dt
+
+
+def inprocess_batch(root: str, space: DictSpace, data: Dict[str, np.ndarray], eps: List[int], steps: int) -> float:
+    from unienv_data.integrations.ray import EpisodeBuilder, EpisodeLayout, commit_episodes
+
+    rb = new_buffer(os.path.join(root, "batch"), space, len(eps) * steps)
+    t0 = time.perf_counter()
+    builder = EpisodeBuilder(EpisodeLayout(rb.single_space))
+    for e in eps:
+        for t in range(e * steps, (e + 1) * steps):
+            builder.append({k: v[t] for k, v in data.items()})
+        commit_episodes(rb, [builder.finish()], durable=True)
+    dt = time.perf_counter() - t0
+    rb.close()
+    shutil.rmtree(os.path.join(root, "batch"))
+    return dt
+
+
+# ---------------------------------------------------------------------- ray
+def collector_class(ray: Any) -> Any:
+    @ray.remote(num_cpus=0)
+    class Collector:
+        def __init__(self, data: Dict[str, np.ndarray]) -> None:
+            self.data = data                       # zero-copy views into the object store
+
+        def ready(self) -> bool:
+            return True
+
+        def run(self, client: Any, eps: List[int], steps: int, per_call: int, in_flight: int) -> int:
+            builder = client.episode_builder(episodes_per_call=per_call, max_in_flight=in_flight)
+            data = self.data
+            for e in eps:
+                for t in range(e * steps, (e + 1) * steps):
+                    builder.append({k: v[t] for k, v in data.items()})
+                builder.end_episode()
+            builder.flush()
+            return builder.committed_rows
+
+        def run_shards(self, client: Any, eps: List[int], steps: int, per_shard: int, root: str) -> int:
+            from unienv_data.integrations.ray import EpisodeBuilder, write_shard
+
+            builder = EpisodeBuilder(client.layout)
+            data, rows, shard, pending = self.data, 0, 0, []
+            for i, e in enumerate(eps):
+                for t in range(e * steps, (e + 1) * steps):
+                    builder.append({k: v[t] for k, v in data.items()})
+                pending.append(builder.finish())
+                if len(pending) == per_shard or i == len(eps) - 1:
+                    path = os.path.join(root, f"shard-{os.getpid()}-{shard}")
+                    shard += 1
+                    write_shard(path, client.space, pending)
+                    rows += client.adopt(path, remove=True)[1]
+                    pending = []
+            return rows
+    return Collector
+
+
+def ray_collect(ray: Any, root: str, space: DictSpace, collectors: List[Any], eps: List[int], steps: int,
+                per_call: int, shards: bool) -> float:
+    from unienv_data.integrations.ray import start_buffer_service
+
+    path = os.path.join(root, "svc")
+    client = start_buffer_service(path, space, capacity=len(eps) * steps, timeout_s=300)
+    shares = [eps[i::len(collectors)] for i in range(len(collectors))]
+    t0 = time.perf_counter()
+    if shards:
+        refs = [c.run_shards.remote(client, s, steps, per_call, root) for c, s in zip(collectors, shares)]
+    else:
+        refs = [c.run.remote(client, s, steps, per_call, 1) for c, s in zip(collectors, shares)]
+    rows = sum(ray.get(refs, timeout=600))
+    dt = time.perf_counter() - t0
+    if rows != len(eps) * steps or len(client) != rows:
+        raise RuntimeError(f"ray collect wrote {rows} rows, buffer holds {len(client)}, expected {len(eps) * steps}")
+    client.shutdown()
+    shutil.rmtree(path)
+    return dt
+
+
+# ---------------------------------------------------------------------- sampling
+def sampling(ray: Any, root: str, space: DictSpace, data: Dict[str, np.ndarray], steps: int, n_episodes: int,
+             calls: int, repeats: int) -> Tuple[float, float]:
+    from unienv_data.integrations.ray import EpisodeLayout, episode_from_batch, start_buffer_service
+
+    path = os.path.join(root, "sample-svc")
+    client = start_buffer_service(path, space, capacity=n_episodes * steps, timeout_s=300)
+    layout = EpisodeLayout(client.space)
+    for e in range(n_episodes):
+        client.commit(episode_from_batch(layout, {k: v[e * steps:(e + 1) * steps] for k, v in data.items()}))
+    rb = ReplayBuffer.load_from(path, backend=B)       # the same files, read in this process
+    local = StepSampler(rb, 256, seed=0)
+    for _ in range(3):
+        local.sample()
+    ours: List[float] = []
+    lim: List[float] = []
+    for r in range(repeats):
+        for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+            # a fresh remote sampler each time: its pipeline starts empty, so nothing prefetched before the clock
+            # started is counted (pessimistic by one round trip)
+            remote = client.sampler(256, prefetch=2, seed=r)
+            fn: Callable[[], Any] = (local.sample, remote.sample)[which]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                batch = fn()
+                assert batch["obs"].shape == (256, 64)
+            (lim if which == 0 else ours).append((time.perf_counter() - t0) / calls)
+            remote.close()
+    rb.close()
+    client.shutdown()
+    shutil.rmtree(path)
+    return statistics.median(ours), statistics.median(lim)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and calls")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="unienv-bench-ray-")
+    init_local_cluster(num_cpus=2, object_store_bytes=1 << 30)
+    import ray
+
+    Collector = collector_class(ray)
+    rows: List[Tuple[str, str, float, float, float, str]] = []
+    try:
+        for name, rounds in (("W1", 1), ("W2", 1 if args.quick else 2)):
+            wl = generate(name)
+            steps, n_eps = wl.spec.steps_per_episode, wl.spec.episodes
+            image = name == "W2"
+            space = make_space(image)
+            data = wl.data
+            eps = episodes_of(n_eps, steps, rounds)
+            ref = ray.put(data)
+            collectors = [Collector.remote(ref) for _ in range(2)]
+            ray.get([c.ready.remote() for c in collectors], timeout=120)
+            configs: List[Tuple[str, int, int, bool]] = [("ray 1 coll.", 1, 1, False), ("ray 2 coll.", 2, 1, False)]
+            if not image:
+                configs += [("ray 2 coll. 8 eps/call", 2, 8, False), ("ray 2 coll. shards of 8", 2, 8, True)]
+            times: Dict[str, List[float]] = {k: [] for k in ["lib", "batch"] + [c[0] for c in configs]}
+            for r in range(args.repeats):
+                times["lib"].append(inprocess_lib(root, space, data, eps, steps))
+                times["batch"].append(inprocess_batch(root, space, data, eps, steps))
+                for label, n_coll, per_call, shards in configs:
+                    times[label].append(ray_collect(ray, root, space, collectors[:n_coll], eps, steps, per_call, shards))
+            lib, batch = statistics.median(times["lib"]), statistics.median(times["batch"])
+            n_steps = len(eps) * steps
+            rows.append((name, "collect in-process (lib)", lib / n_steps * 1e6, 1.0, batch / lib, ""))
+            rows.append((name, "collect in-process (batch)", batch / n_steps * 1e6, lib / batch, 1.0, ""))
+            for label, n_coll, per_call, _ in configs:
+                t = statistics.median(times[label])
+                target = ""
+                if label == "ray 2 coll.":
+                    target = ">= 1.2x" if image else ">= 0.5x"
+                if label == "ray 2 coll. 8 eps/call":
+                    target = ">= 0.5x"
+                rows.append((name, f"collect {label}", t / n_steps * 1e6, lib / t, batch / t, target))
+            for c in collectors:
+                ray.kill(c)
+            del ref
+            calls = (60 if image else 3000) // (3 if args.quick else 1)
+            ours, lim = sampling(ray, root, space, data, steps, n_eps, calls, args.repeats)
+            rows.append((name, "sample(256) in-process", lim * 1e6, 1.0, 1.0, ""))
+            rows.append((name, "sample(256) ray prefetch 2", ours * 1e6, lim / ours, lim / ours, ">= 0.5x"))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{'wl':3s} {'what':36s} {'us/step|batch':>14s} {'vs lib':>8s} {'vs batch':>9s}  target")
+    for wl_name, what, us, vs_lib, vs_batch, target in rows:
+        print(f"{wl_name:3s} {what:36s} {us:14.2f} {vs_lib:7.2f}x {vs_batch:8.2f}x  {target}")
+    print("vs lib / vs batch = throughput of the row / throughput of the in-process (lib) / (batch) path, medians of "
+          f"{args.repeats} interleaved repeats in this run; collect rows are us per step, sample rows us per batch.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""What runs inside the buffer-service actor: a disk-backed `ReplayBuffer` opened from (or created in) a directory.
+
+Ray-free on purpose: `service.py` wraps `BufferActor` with ``ray.remote`` at run time. Ray runs one method at a
+time on an actor (the default, kept), so commits, adoptions and samples never interleave: a sample always sees
+whole committed episodes, and every commit is durable (`ReplayBuffer.dumps()`: data, then metadata by atomic
+rename) before it returns. When Ray restarts the actor after a crash it calls ``__init__`` again with the same
+arguments, which finds the directory's buffer and reopens it with every committed episode.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from unienv_data.base.storage import SpaceStorage
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_interface.backends import NumpyComputeBackend
+from unienv_interface.space import DictSpace, Space
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+
+from .episodes import Episode, EpisodeLayout, commit_episodes
+
+#: How the service lays out a new buffer: "native" (a DictStorage keeping each leaf in its own dtype, images in
+#: their own arrays), "flat" (one FlattenedStorage row over a memory-mapped array), or (storage class, kwargs).
+StorageSpec = Union[str, Tuple[type, Dict[str, Any]]]
+
+STORAGE_LAYOUTS = ("native", "flat")
+
+
+def numpy_space(space_json: Dict[str, Any]) -> Space:
+    """The space described by `space_json`, on the NumPy backend (what the service stores and returns)."""
+    return json_to_space(space_json, NumpyComputeBackend)
+
+
+def storage_args(space: Space, storage: StorageSpec) -> Tuple[type, Dict[str, Any]]:
+    """`(storage class, keyword arguments)` for `ReplayBuffer.create` of `storage` (see `StorageSpec`)."""
+    if isinstance(storage, str):
+        if storage == "native":
+            from unienv_data.storages.dict_storage import DictStorage
+            from unienv_data.storages.native_layout import native_layout_kwargs
+
+            if not isinstance(space, DictSpace):
+                raise ValueError(f"storage='native' needs a DictSpace, got {type(space).__name__}; use storage='flat'")
+            return DictStorage, native_layout_kwargs(space)
+        if storage == "flat":
+            from unienv_data.storages.flattened import FlattenedStorage
+            from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+
+            return FlattenedStorage, {"inner_storage_cls": NumpyMemmapStorage}
+        raise ValueError(f"storage must be one of {STORAGE_LAYOUTS} or (storage_cls, kwargs), got {storage!r}")
+    if (isinstance(storage, tuple) and len(storage) == 2 and isinstance(storage[0], type)
+            and issubclass(storage[0], SpaceStorage) and isinstance(storage[1], dict)):
+        return storage[0], dict(storage[1])
+    raise TypeError(f"storage must be one of {STORAGE_LAYOUTS} or (SpaceStorage subclass, dict of kwargs), got "
+                    f"{storage!r}")
+
+
+def open_or_create(directory: str, space_json: Optional[Dict[str, Any]], storage: StorageSpec,
+                   capacity: Optional[int]) -> Tuple[ReplayBuffer, bool]:
+    """`(buffer, reopened)`: the writable buffer in `directory` (a given space must equal the stored one), or a new
+    one laid out by `storage` when the directory holds none (then `space_json` is required)."""
+    if ReplayBuffer.is_loadable_from(directory):
+        buffer = ReplayBuffer.load_from(directory, backend=NumpyComputeBackend, read_only=False)
+        if space_json is not None:
+            stored = space_to_json(buffer.single_space)
+            given = space_to_json(numpy_space(space_json))
+            if stored != given:
+                buffer.close()
+                raise ValueError(f"the buffer in {directory} stores another space:\n  given:  {given}\n  stored: "
+                                 f"{stored}")
+        return buffer, True
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise FileExistsError(f"{directory} is not empty and holds no replay buffer (no valid metadata.json); "
+                              "give an empty or new directory")
+    if space_json is None:
+        raise ValueError(f"{directory} holds no buffer yet: pass the space to create one")
+    space = numpy_space(space_json)
+    storage_cls, kwargs = storage_args(space, storage)
+    buffer = ReplayBuffer.create(storage_cls, space, cache_path=directory, capacity=capacity, **kwargs)
+    buffer.dumps()
+    return buffer, False
+
+
+def _tree_index(value: Any, index: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tree_index(v, index) for k, v in value.items()}
+    return value[index]
+
+
+def _contiguous(value: Any) -> Any:
+    """Every array leaf C-contiguous: Ray hands contiguous NumPy arrays over zero-copy through the object store,
+    while views (e.g. one key of a flattened group) are pickled in-band, several times slower than a copy."""
+    if isinstance(value, dict):
+        return {k: _contiguous(v) for k, v in value.items()}
+    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value
+
+
+class BufferActor:
+    """The service's state: one writable `ReplayBuffer` in `directory` (see the module docstring)."""
+
+    def __init__(self, directory: str, space_json: Optional[Dict[str, Any]], storage: StorageSpec,
+                 capacity: Optional[int]) -> None:
+        self.directory = os.path.abspath(directory)
+        self.commits = 0
+        # An exception in an actor's constructor surfaces in Ray as a bare "actor died"; keep it and raise it from
+        # every call instead, so the caller sees the ValueError / FileExistsError that says what is wrong.
+        self.open_error: Optional[BaseException] = None
+        try:
+            self._buffer, self.reopened = open_or_create(self.directory, space_json, storage, capacity)
+        except Exception as exc:
+            self.open_error = exc
+            return
+        self.space_json = space_to_json(self._buffer.single_space)
+        self.layout = EpisodeLayout(self._buffer.single_space)
+
+    @property
+    def buffer(self) -> ReplayBuffer:
+        """The open buffer (raises what opening it raised)."""
+        if self.open_error is not None:
+            raise self.open_error
+        return self._buffer
+
+    # ------------------------------------------------------------------ facts
+    def info(self) -> Dict[str, Any]:
+        """Length, capacity, segment count, space (JSON), whether this incarnation reopened the directory, pid."""
+        buffer = self.buffer
+        segs = buffer.get_segments()
+        return {"length": len(buffer), "capacity": buffer.capacity, "directory": self.directory,
+                "segments": None if segs is None else len(segs), "space": self.space_json,
+                "reopened": self.reopened, "pid": os.getpid(), "commits": self.commits}
+
+    def length(self) -> int:
+        """Rows in the buffer."""
+        return len(self.buffer)
+
+    def segments(self) -> Optional[List[Tuple[int, int]]]:
+        """The buffer's logical `(start, end)` episode ranges, oldest first."""
+        return self.buffer.get_segments()
+
+    def read(self, start: int, stop: int) -> Any:
+        """Logical rows `[start, stop)` (a copy, NumPy arrays in the space's structure)."""
+        return _contiguous(self.buffer.get_at(slice(int(start), int(stop))))
+
+    # ------------------------------------------------------------------ writes
+    def commit(self, episodes: Sequence[Tuple[Any, int]]) -> int:
+        """Checks and writes `(data, length)` episodes at the tail, dumps the buffer once, returns its length.
+
+        Every episode is checked (keys, shapes, dtypes, bounds) before any is written, so a refused batch changes
+        nothing."""
+        buffer = self.buffer
+        checked: List[Episode] = []
+        for i, (data, length) in enumerate(episodes):
+            leaves, n = self.layout.check_batch(data, f"episode {i} of the commit")
+            if n != int(length) or n == 0:
+                raise ValueError(f"episode {i} of the commit: declared {length} steps, holds {n}")
+            checked.append(Episode(self.layout.assemble(leaves), n))
+        commit_episodes(buffer, checked, durable=True)
+        self.commits += 1
+        return len(buffer)
+
+    def adopt(self, path: str, remove: bool = False) -> Tuple[int, int]:
+        """Copies every episode (segment) of the buffer directory `path` to the tail, dumps once; returns
+        `(episodes, rows)`. The shard must store the same space; with `remove` its directory is deleted after the
+        adopted episodes are durable here."""
+        buffer = self.buffer
+        shard = ReplayBuffer.load_from(path, backend=NumpyComputeBackend, read_only=True)
+        try:
+            if space_to_json(shard.single_space) != self.space_json:
+                raise ValueError(f"shard {path} stores another space than the service:\n  shard:   "
+                                 f"{space_to_json(shard.single_space)}\n  service: {self.space_json}")
+            segs = shard.get_segments() or []
+            episodes = []
+            if segs:
+                lo, hi = min(s for s, _ in segs), max(e for _, e in segs)
+                rows = shard.get_at(slice(lo, hi))        # one read of the shard
+                episodes = [Episode(_tree_index(rows, slice(s - lo, e - lo)), e - s) for s, e in segs]
+        finally:
+            shard.close()
+        written = commit_episodes(buffer, episodes, durable=True)
+        self.commits += 1
+        if remove:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(episodes), written
+
+    # ------------------------------------------------------------------ reads
+    def sample(self, batch_size: int, n_batches: int, seed: Optional[Sequence[int]]) -> Any:
+        """`n_batches * batch_size` rows drawn uniformly (with replacement) from the whole buffer with one gather
+        per array; the client cuts them into `n_batches` batches."""
+        n = len(self.buffer)
+        if n == 0:
+            raise ValueError("sample: the buffer is empty; commit an episode first")
+        rng = np.random.default_rng(None if seed is None else list(seed))
+        index = rng.integers(0, n, size=int(batch_size) * int(n_batches), dtype=np.int64)
+        return _contiguous(self.buffer.get_at(index))
+
+    def flush(self) -> None:
+        """Dumps the buffer (every commit already did)."""
+        self.buffer.dumps()
+
+    def close(self) -> int:
+        """Dumps and closes the buffer; returns its final length. The actor is useless afterwards."""
+        n = len(self.buffer)
+        self.buffer.dumps()
+        self.buffer.close()
+        return n

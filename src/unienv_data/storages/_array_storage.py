@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -242,9 +242,14 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
 
     def get_numpy(self, index: Any) -> np.ndarray:
         """Rows at `index` as a fresh NumPy array in the storage dtype (raw bits for bfloat16)."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         data = self._block.data
-        if not isinstance(index, (int, slice, np.ndarray)) and type(index).__module__.startswith("torch"):
+        if type(index) is slice:
+            start, stop, step = index.indices(self._length)
+            if step == 1:   # the common contiguous read: one copy, no general index resolution
+                return data[start:stop].copy()   # empty when stop <= start
+        elif not isinstance(index, (int, np.ndarray)) and type(index).__module__.startswith("torch"):
             try:
                 index = index.numpy()
             except Exception:
@@ -262,6 +267,14 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
         if norm.slc is not None:
             return np.array(data[norm.slc])
         return data.take(norm.positions(), axis=0)
+
+    def _slice_view(self, index: slice) -> Optional[np.ndarray]:
+        """A view of the rows of a step-1 slice (None for other steps), for owners that copy what they read out of
+        it at once (composite storages)."""
+        if self._closed:
+            self._check_open()
+        start, stop, step = index.indices(self._length)
+        return self._block.data[start:stop] if step == 1 else None
 
     def get(self, index: Any) -> Any:
         """Element(s) at `index`: one element for an int-like index, else a batch; always a copy."""
@@ -341,19 +354,28 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow)."""
         self._check_writable()
-        arr = self._conv.convert(value, ())
+        arr = self._conv.convert_single(value)
         pos = self._next_write_position()
         self._block.data[pos] = arr
         self._advance_segment()
 
-    def _append_via(self, writer: Any, payload: Any) -> None:
-        """Appends one row written in place by `writer(row_view, payload)` (checked data; composite storages)."""
+    def _claim_row(self) -> int:
+        """The position the next append writes (raises what `append` would for the storage's state); the caller
+        writes the row, then counts it with `_seg_len += 1; _seg_clear_rows -= 1` (composite storages)."""
         if self._closed or self._read_only:
             self._check_writable()
-        pos = self._next_write_position()
-        writer(self._block.data[pos], payload)
-        self._seg_len += 1
-        self._seg_clear_rows -= 1
+        n = self._seg_len
+        if self._seg_clear_rows > 0 and n != self._capacity:
+            # the common case: inside the open segment, with rows known to be free ahead and the ring not yet full
+            # (`_seg_clear_rows` is 0 whenever no segment is open)
+            pos = self._seg_start + n  # type: ignore[operator]
+            cap = self._capacity
+            if cap is None:
+                if pos < self._length:
+                    return pos
+            else:
+                return pos - cap if pos >= cap else pos
+        return self._next_write_position()
 
     def _append_row_trusted(self, row: np.ndarray) -> None:
         """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""

@@ -15,6 +15,8 @@ from unienv_data.base.values import LeafConverter, is_lossless_cast
 from unienv_interface.space import BinarySpace, DictSpace, Space, TextSpace, TupleSpace
 from unienv_interface.space.space_utils.flatten_utils import FlatLeaf, flat_leaves, flatten_space
 
+from ._flat_codec import compile_codec
+
 
 def _torch_from_numpy() -> Any:
     import torch
@@ -63,11 +65,12 @@ class FlatRowPlan:
         self._keys = frozenset(lf.key for lf in self.leaves) if self.is_flat_dict else frozenset()
         self._key_list = [lf.key for lf in self.leaves]
         self._has_text = any(lf.text is not None for lf in self.leaves)
-        self._slots = [(lf.start, lf.stop, lf.shape == (), len(lf.shape) == 1) for lf in self.leaves]
         self._any_row_check = any(lf.row_check for lf in self.leaves)
         self._wrappers = self._make_wrappers()
-        self._specs = self._single_specs()
         self._no_wrappers: List[Any] = [None] * len(self.leaves)
+        self._wraps_nothing = all(w is None for w in self._wrappers)
+        #: generated single-sample check / write and batch unflatten functions (see _flat_codec)
+        self.codec = compile_codec(self)
 
     # ---------------------------------------------------------------- description
     def layout_json(self) -> List[Dict[str, Any]]:
@@ -107,60 +110,6 @@ class FlatRowPlan:
             self._key_error(value, ())
         return True
 
-    def _single_specs(self) -> List[Tuple[Any, ...]]:
-        """Per leaf of a flat dict: what the one-sample fast path needs, bound once."""
-        specs = []
-        for lf in self.leaves:
-            conv = lf.conv
-            if conv is None:
-                continue
-            mode = 0 if conv.lo is None else (1 if conv.small else 2)
-            specs.append((lf.key, conv.np_dtype, conv.shape, mode, conv.lo_s, conv.hi_s, conv, conv.is_bf16))
-        return specs
-
-    def check_single(self, value: Any) -> Optional[List[np.ndarray]]:
-        """Checked leaf arrays of one sample of a flat dict space (None for other spaces: use `pack`).
-
-        Same rules as `LeafConverter.convert`; exact-dtype NumPy arrays and CPU tensors take a short path."""
-        if not self._fast_dict(value):
-            return None
-        out = []
-        ndarray = np.ndarray
-        for key, dt, shp, mode, lo, hi, conv, bf16 in self._specs:
-            v = value[key]
-            if type(v) is ndarray:
-                a = v
-            elif bf16:
-                out.append(conv.convert(v, ()))
-                continue
-            else:
-                try:
-                    a = v.numpy()   # CPU tensors without grad; anything else takes the general path
-                except Exception:
-                    out.append(conv.convert(v, ()))
-                    continue
-                if type(a) is not ndarray:
-                    out.append(conv.convert(v, ()))
-                    continue
-            if a.dtype != dt or a.shape != shp:
-                out.append(conv.convert(v, ()))
-                continue
-            if mode == 1:
-                vals = a.tolist()
-                if type(vals) is list:
-                    if vals and type(vals[0]) is list:
-                        vals = a.reshape(-1).tolist()
-                    if vals:
-                        total = sum(vals)       # NaN anywhere makes the sum NaN (and inf fails the bounds)
-                        if not (min(vals) >= lo and max(vals) <= hi and total == total):
-                            conv.check_bounds(a)
-                elif not lo <= vals <= hi:
-                    conv.check_bounds(a)
-            elif mode == 2:
-                conv.check_bounds(a)
-            out.append(a)
-        return out
-
     def check_batch(self, value: Any, lead: Tuple[int, ...]) -> Optional[List[np.ndarray]]:
         """Checked leaf arrays (shape `lead + leaf shape`) of a batch of a flat dict space (None otherwise)."""
         if not self._fast_dict(value):
@@ -174,16 +123,6 @@ class FlatRowPlan:
         n = rows.shape[0]
         for lf, arr in zip(self.leaves, arrs):
             rows[:, lf.start:lf.stop] = arr.reshape(n, lf.size)
-
-    def write_checked(self, row: np.ndarray, arrs: List[np.ndarray]) -> None:
-        """Writes leaf arrays from `check_single` (already checked, row casts included) into one row."""
-        for (start, stop, scalar, flat), arr in zip(self._slots, arrs):
-            if scalar:
-                row[start] = arr
-            elif flat:
-                row[start:stop] = arr
-            else:
-                row[start:stop] = arr.reshape(-1)
 
     def check_row_casts(self, arrs: List[np.ndarray]) -> None:
         """Refuses values that would not survive the cast to the row dtype (before anything is written)."""
@@ -207,12 +146,8 @@ class FlatRowPlan:
     def pack(self, value: Any, lead: Tuple[int, ...] = ()) -> np.ndarray:
         """Checked rows of shape `lead + (width,)` in the row dtype (a new array)."""
         row = np.empty(lead + (self.width,), dtype=self.row_dtype)
-        if not lead:
-            arrs = self.check_single(value)
-            if arrs is not None:
-                self.check_row_casts(arrs)
-                self.write_checked(row, arrs)
-                return row
+        if not lead and self.codec.pack_into is not None and self.codec.pack_into(value, row):
+            return row
         if self.is_flat_dict:
             if not isinstance(value, Mapping):
                 raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
@@ -308,6 +243,9 @@ class FlatRowPlan:
     def unpack(self, rows: np.ndarray, to_backend: bool = False) -> Any:
         """Structured data from rows of shape `lead + (width,)`: NumPy leaves in their own dtypes, or arrays of
         the space's backend with `to_backend`. `rows` must be a fresh array (leaves may be views of it)."""
+        fast = self.codec.unpack_batch
+        if fast is not None and rows.ndim == 2 and (to_backend or self._wraps_nothing):
+            return fast(rows)
         lead = rows.shape[:-1]
         leaves: List[Any] = []
         wrappers = self._wrappers if to_backend else self._no_wrappers

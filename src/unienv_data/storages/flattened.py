@@ -119,6 +119,11 @@ class FlattenedStorage(WrappedStorage):
         self._cache_filename = cache_filename
         self._owns_inner = False
         self._fast = isinstance(inner_storage, ArrayStorageBase)
+        make_append = plan.codec.make_append
+        if self._fast and make_append is not None and type(self).append is FlattenedStorage.append:
+            # the per-step hot path: the plan's compiled check-and-write of one sample into the inner storage's next
+            # row, bound to this inner storage and installed over the `append` method (removed again by `close`)
+            self.append = make_append(inner_storage)  # type: ignore[method-assign,assignment]
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -213,8 +218,20 @@ class FlattenedStorage(WrappedStorage):
         return np.asarray(self.backend.to_numpy(self.inner_storage.get(index)))
 
     def get(self, index: Any) -> Any:
-        """Sample(s) at `index` with every leaf in its own dtype (copies): an int-like index gives one sample."""
-        self._check_open()
+        """Sample(s) at `index` with every leaf in its own dtype (copies): an int-like index gives one sample.
+
+        The leaves of one call are views of one fresh copy of the rows (never of the storage)."""
+        if self._closed:
+            self._check_open()
+        unpack = self._plan.codec.unpack_batch
+        if self._fast and unpack is not None:
+            inner: Any = self.inner_storage
+            if self._plan.codec.copies_all and type(index) is slice:
+                view = inner._slice_view(index)   # every leaf is converted into a new array: no row copy first
+                if view is not None:
+                    return unpack(view)
+            rows = inner.get_numpy(index)
+            return unpack(rows) if rows.ndim == 2 else self._plan.unpack(rows, to_backend=True)
         return self._plan.unpack(self._rows_numpy(index), to_backend=True)
 
     def get_flattened(self, index: Any) -> Any:
@@ -261,16 +278,16 @@ class FlattenedStorage(WrappedStorage):
         if self._closed:
             self._check_open()
         if self._fast:
-            arrs = self._plan.check_single(value)
-            if arrs is not None:
-                self._plan.check_row_casts(arrs)
-                self.inner_storage._append_via(self._plan.write_checked, arrs)  # type: ignore[attr-defined]
-                return
             self.inner_storage._append_row_trusted(self._plan.pack(value))  # type: ignore[attr-defined]
         else:
             self._check_writable()
             row = self._plan.pack(value)
             self.inner_storage.append(self.backend.from_numpy(row, dtype=self._plan.flat_space.dtype, device=self.device))
+
+    def close(self) -> None:
+        """Closes the storage (and the inner storage when this storage created or loaded it). Idempotent."""
+        self.__dict__.pop("append", None)   # the compiled appender (see __init__): `append` now refuses
+        super().close()
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer whose appended samples are checked and flattened at once and written on `commit(start)`."""
@@ -306,18 +323,13 @@ class FlattenedStorage(WrappedStorage):
         return partial(inner._write_rows_trusted, key, self._plan.pack(value, lead))
 
     def _stage_append(self, value: Any) -> Callable[[], None]:
-        """Checks the state and the sample now; over an array storage the append writes the checked leaves
-        straight into the next row."""
+        """Checks the state and the sample now; over an array storage the append only copies the packed row."""
         if self._closed:
             self._check_open()
         inner: Any = self.inner_storage
         if not self._fast:
             return inner._stage_append(self._rows_to_inner(self._plan.pack(value)))
         inner._check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
-        arrs = self._plan.check_single(value)
-        if arrs is not None:
-            self._plan.check_row_casts(arrs)
-            return partial(inner._append_via, self._plan.write_checked, arrs)
         return partial(inner._append_row_trusted, self._plan.pack(value))
 
     def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:

@@ -100,6 +100,14 @@ def _leaf_flat_bounds(leaf: FlatLeaf) -> Tuple[np.ndarray, np.ndarray]:
     return np.zeros(leaf.size, dtype=np.int64), np.full(leaf.size, len(sp.charset), dtype=np.int64)
 
 
+def _row_dtype(space: Space) -> Any:
+    """`flatten_space(space).dtype` of a composite space, without building the row's bounds."""
+    leaves = flat_leaves(space)
+    if not leaves:
+        raise ValueError(f"cannot flatten an empty {type(space).__name__}: it has no leaves")
+    return space.backend.promote_types(*[leaf.flat_dtype for leaf in leaves])
+
+
 def flatten_space(space: Space, start_dim: int = 0) -> BoxSpace:
     """The 1-D Box (after `start_dim` leading axes) that holds flattened elements of `space`; no metadata."""
     b = space.backend
@@ -195,7 +203,7 @@ def flatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
         if start_dim != 0:
             raise ValueError("Text space can only be flattened at start_dim 0")
         return b.from_numpy(_text_to_indices(space, data), dtype=b.default_integer_dtype, device=space.device)
-    row = flatten_space(space, start_dim)
+    row_dtype = _row_dtype(space) if start_dim == 0 else flatten_space(space, start_dim).dtype
     if isinstance(space, DictSpace):
         if not hasattr(data, "keys"):
             raise TypeError(f"expected a mapping for DictSpace, got {type(data).__name__}")
@@ -206,11 +214,11 @@ def flatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
         for k, s in space.spaces.items():
             if k not in data:
                 raise KeyError(f"missing key {k!r}: DictSpace expects keys {list(space.spaces)}")
-            parts.append(b.astype(flatten_data(s, data[k], start_dim), row.dtype))
+            parts.append(b.astype(flatten_data(s, data[k], start_dim), row_dtype))
     elif isinstance(space, TupleSpace):
         if not isinstance(data, (tuple, list)) or len(data) != len(space.spaces):
             raise ValueError(f"expected a sequence of {len(space.spaces)} items for TupleSpace")
-        parts = [b.astype(flatten_data(s, v, start_dim), row.dtype) for s, v in zip(space.spaces, data)]
+        parts = [b.astype(flatten_data(s, v, start_dim), row_dtype) for s, v in zip(space.spaces, data)]
     else:
         raise NotImplementedError(f"cannot flatten data of a space of type {type(space).__name__}")
     return b.concat(parts, axis=start_dim)

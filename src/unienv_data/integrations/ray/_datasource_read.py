@@ -1,0 +1,180 @@
+"""The read a Ray Data read task runs: reopen the dataset, check the planned episodes are still there, read them.
+
+No Ray import here either. The driver validated the whole dataset when it planned the read (the library's own
+`load_from` of the buffer or storage, see `_datasource_plan.plan_read`); a read task opens only the storage that
+holds the rows, read-only, with that storage's own checks on load, and takes the recorded segments from the same
+place the `ReplayBuffer` would (the storage's persisted log, else the buffer's metadata). It does not re-run the
+buffer-level validation, whose cost grows with the square of the number of episodes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageStateError
+from unienv_data.base.files import confined_path, read_json
+from unienv_data.base.registry import resolve_storage_class
+from unienv_data.base.storage import SpaceStorage
+from unienv_data.inspect import choose_backend, flatten_tree, open_dataset, walk
+from unienv_interface.space import DictSpace, TupleSpace
+from unienv_interface.space.space_utils.serialization_utils import json_to_space
+
+from ._datasource_plan import ReadPlan, Run, chunk_runs, meta_arrays
+
+_BUFFER_METADATA = "metadata.json"
+
+
+class TaskStorage:
+    """The storage a read task reads from, with the physical segments recorded in the dataset right now."""
+
+    def __init__(self, storage: SpaceStorage, backend: Any, recorded: Set[Tuple[int, int]], owner: Any) -> None:
+        self.storage = storage
+        self.backend = backend
+        self.capacity: Optional[int] = storage.capacity
+        #: recorded segments as physical (start, length)
+        self.recorded = recorded
+        self._owner = owner
+        self.children = _child_columns(storage)
+
+    def close(self) -> None:
+        """Closes what was opened (the storage, or the dataset around it)."""
+        self._owner.close()
+
+
+def _leaf_keys(space: Any, prefix: Tuple[str, ...]) -> List[str]:
+    if isinstance(space, DictSpace):
+        return [k for key, sub in space.spaces.items() for k in _leaf_keys(sub, prefix + (str(key),))]
+    if isinstance(space, TupleSpace):
+        return [k for i, sub in enumerate(space.spaces) for k in _leaf_keys(sub, prefix + (str(i),))]
+    return ["/".join(prefix) or "<value>"]
+
+
+def _child_columns(storage: SpaceStorage) -> List[Tuple[SpaceStorage, Tuple[str, ...], List[str]]]:
+    """`(child storage, key prefix of its values, leaf keys it holds)` per child of a `DictStorage` (one gather each,
+    and only for the children holding wanted keys); the storage itself otherwise."""
+    from unienv_data.storages.dict_storage import DictStorage
+    if not isinstance(storage, DictStorage):
+        return [(storage, (), _leaf_keys(storage.single_instance_space, ()))]
+    sep = storage.nested_separator
+    groups = storage.groups
+    out = []
+    for key, child in storage.storages.items():
+        if key in groups:
+            prefix: Tuple[str, ...] = ()
+        else:
+            parts = tuple(key.split(sep))
+            prefix = parts[:-1] if parts[-1] == "*" else parts
+        out.append((child, prefix, _leaf_keys(child.single_instance_space, prefix)))
+    return out
+
+
+def _runs_of(segments: Optional[List[Tuple[int, int]]], capacity: Optional[int]) -> Set[Tuple[int, int]]:
+    """Inclusive physical `(start, end)` pairs as `(start, length)`."""
+    out = set()
+    for s, e in segments or []:
+        out.add((int(s), int((e - s) % capacity + 1 if capacity else e - s + 1)))
+    return out
+
+
+def open_for_task(plan: ReadPlan) -> TaskStorage:
+    """Opens the storage holding the dataset's rows, read-only (see the module docstring)."""
+    if plan.kind != "ReplayBuffer":
+        ds = open_dataset(plan.path, plan.backend)
+        segs = ds.storage.get_segments()
+        return TaskStorage(ds.storage, ds.backend, _runs_of(segs, ds.capacity), ds)
+    meta_path = os.path.join(plan.path, _BUFFER_METADATA)
+    meta = read_json(meta_path, "ReplayBuffer metadata")
+    try:
+        backend = choose_backend(walk(plan.path) if plan.backend == "auto" else None, plan.backend)  # type: ignore[arg-type]
+        space = json_to_space(meta["single_instance_space"], backend)
+        storage_cls = resolve_storage_class(meta["storage_cls"], meta_path)
+        full = confined_path(plan.path, meta["storage_path_relative"], meta_path)
+        cap = meta["capacity"]
+    except (KeyError, TypeError) as exc:
+        raise StorageFormatError(f"{meta_path}: changed since the read was planned and is no longer valid "
+                                 f"({type(exc).__name__}: {exc})") from None
+    storage = storage_cls.load_from(full, space, capacity=cap, read_only=True)
+    if cap != plan.capacity:
+        storage.close()
+        raise StorageStateError(f"{meta_path}: capacity is now {cap}, the read was planned for {plan.capacity}")
+    persisted = getattr(storage, "_has_persistent_segments", None)
+    if meta.get("physical_segments") is None or (callable(persisted) and persisted()):
+        recorded = _runs_of(storage.get_segments(), cap)
+    else:
+        recorded = _runs_of([tuple(p) for p in meta["physical_segments"]], cap)
+    return TaskStorage(storage, backend, recorded, storage)
+
+
+def check_runs(task: TaskStorage, plan: ReadPlan, runs: Sequence[Run]) -> None:
+    """Raises StorageStateError when an episode of `runs` is no longer recorded at its planned rows (the dataset
+    was written after the read was planned) or a run lies beyond the storage."""
+    cap = task.capacity
+    rows = len(task.storage) if cap is None else cap
+    for r in runs:
+        if r.episode_id >= 0 and (r.physical_start, r.length) not in task.recorded:
+            raise StorageStateError(
+                f"{plan.path}: episode {r.episode_id} (storage rows {r.physical_start}.."
+                f"{r.physical_start + r.length - 1}{' mod ' + str(cap) if cap else ''}) is no longer recorded there; "
+                "the dataset was written after the read was planned (read a dataset no process writes to, or a copy "
+                "made with dumps())")
+        if cap is None and r.physical_start + r.length > rows:
+            raise StorageStateError(f"{plan.path}: rows {r.physical_start}..{r.physical_start + r.length - 1} lie "
+                                    f"beyond the storage's {rows} rows; the dataset shrank after the read was planned")
+
+
+def physical_index(runs: Sequence[Run], capacity: Optional[int]) -> Any:
+    """A slice when the runs cover consecutive storage rows without wrapping, else an int64 index array."""
+    total = sum(r.length for r in runs)
+    first = runs[0].physical_start
+    expect = first
+    contiguous = True
+    for r in runs:
+        if r.physical_start != expect:
+            contiguous = False
+            break
+        expect = r.physical_start + r.length
+    if contiguous and (capacity is None or first + total <= capacity):
+        return slice(first, first + total)
+    idx = np.concatenate([np.arange(r.physical_start, r.physical_start + r.length, dtype=np.int64) for r in runs])
+    return idx % capacity if capacity else idx
+
+
+def read_chunk(task: TaskStorage, plan: ReadPlan, runs: Sequence[Run]) -> Dict[str, np.ndarray]:
+    """`{column: array}` of the rows of `runs`: bookkeeping columns first, then the planned data columns in the
+    space's key order, each in its leaf's dtype and per-row shape (checked against the plan)."""
+    out: Dict[str, np.ndarray] = dict(zip(plan.meta_names, meta_arrays(runs)))
+    idx = physical_index(runs, task.capacity)
+    rows = sum(r.length for r in runs)
+    by_key = {c.key: c for c in plan.columns}
+    got: Dict[str, np.ndarray] = {}
+    for child, prefix, keys in task.children:
+        if not any(k in by_key for k in keys):
+            continue
+        for key, value in flatten_tree(child.get(idx), prefix).items():
+            spec = by_key.get(key)
+            if spec is None:
+                continue
+            arr = np.asarray(task.backend.to_numpy(value))
+            if spec.dtype != "object" and (arr.dtype != np.dtype(spec.dtype) or arr.shape != (rows,) + spec.shape):
+                raise StorageFormatError(f"{plan.path}: leaf {key!r} read back as {arr.dtype}{list(arr.shape)}, "
+                                         f"expected {spec.dtype}{[rows, *spec.shape]} from its space")
+            got[spec.name] = arr
+    for spec in plan.columns:
+        out[spec.name] = got[spec.name]
+    return out
+
+
+def read_runs(plan: ReadPlan, runs: Sequence[Run], max_rows: int) -> Iterator[Dict[str, np.ndarray]]:
+    """Opens the dataset's storage, checks that `runs` are still recorded (`check_runs`) and yields one
+    `{column: array}` batch per group of whole runs of at most `max_rows` rows (a longer single run is one batch)."""
+    if not runs:
+        return
+    task = open_for_task(plan)
+    try:
+        check_runs(task, plan, runs)
+        for group in chunk_runs(runs, max(1, int(max_rows))):
+            yield read_chunk(task, plan, group)
+    finally:
+        task.close()

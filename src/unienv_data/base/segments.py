@@ -27,6 +27,19 @@ def ring_positions_overlap(a: Tuple[int, int], b: Tuple[int, int], capacity: Opt
     return False
 
 
+def first_overlap(runs: List[Tuple[int, int]], capacity: Optional[int]) -> Optional[Tuple[int, int]]:
+    """Indices `(i, j)`, `i < j`, of two runs that share a physical row, or None; O(n log n) (sorted sweep over
+    the runs' intervals, a wrapping run contributing two)."""
+    pieces = sorted((lo, hi, i) for i, (s, n) in enumerate(runs) if n > 0 for lo, hi in _intervals(s, n, capacity))
+    reach, owner = -1, -1
+    for lo, hi, i in pieces:
+        if lo < reach and owner != i:
+            return (min(owner, i), max(owner, i))
+        if hi > reach:
+            reach, owner = hi, i
+    return None
+
+
 class SegmentLog:
     """Committed segments as `(start, length)` runs, oldest first."""
 
@@ -35,8 +48,12 @@ class SegmentLog:
         self._runs: List[Tuple[int, int]] = []
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
-        for s, n in runs:
-            self.add(s, n)
+        given = [(int(s), int(n)) for s, n in runs]
+        if all(n > 0 and (capacity is None or n <= capacity) for _s, n in given) and first_overlap(given, capacity) is None:
+            self._runs = given          # the usual case (a stored log): no overlap to resolve, O(n log n)
+        else:
+            for s, n in given:
+                self.add(s, n)
 
     def __len__(self) -> int:
         return len(self._runs)

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Tuple
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import (PathLike, check_format_version, check_no_interrupted_dump, read_json,
                                     require_fields)
-from unienv_data.base.segments import ring_positions_overlap
+from unienv_data.base.segments import first_overlap
 
 METADATA_FILE = "metadata.json"
 
@@ -59,9 +59,9 @@ def read_metadata(path: PathLike) -> Dict[str, Any]:
             if logical + n > count:
                 raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
                                          f"(count {count}, offset {offset})")
-            for r in runs:
-                if ring_positions_overlap(r, (s, n), cap):
-                    raise StorageFormatError(f"{meta_path}: segments {[r[0], (r[0] + r[1] - 1) % (cap or 1 << 62)]} "
-                                             f"and [{s}, {e}] overlap")
             runs.append((s, n))
+        clash = first_overlap(runs, cap)
+        if clash is not None:
+            a, b = (segs[i] for i in clash)
+            raise StorageFormatError(f"{meta_path}: segments {list(a)} and {list(b)} overlap")
     return meta

@@ -1,5 +1,5 @@
-"""How `VideoStorage` turns frames into video files and back, on PyAV (FFmpeg): choosing an encoder, the pixel format
-files are written in, encoding one file, decoding frames of a file by number, and the cache of open decoders.
+"""How `VideoStorage` turns frames into video files, on PyAV (FFmpeg): choosing an encoder, the pixel format files
+are written in, and encoding one file (`_video_decode` reads them back).
 
 Codecs. Lossy: H.264 (libx264), AV1 (libsvtav1), MPEG-4, hardware H.264/HEVC/AV1 encoders where they open.
 Exact (``lossless=True``): FFV1, libx264rgb at qp 0, PNG-in-video, FFV-Huffyuv, with an RGB (or gray) file pixel
@@ -10,10 +10,6 @@ format. ``codec="auto"`` opens a tiny encoder of each candidate in turn (hardwar
 Encoding. `FrameEncoder` encodes frames one at a time into a hidden temporary file and records which frames became
 keyframes; the caller renames the finished file into place (or discards it).
 
-Decoding. Reading frame k seeks to the last recorded keyframe at or before k and decodes forward (or keeps decoding
-forward when the open decoder is already in that stretch), so random access is exact. `DecoderCache` keeps recently
-used decoders open; its batch read decodes each file once, frames in increasing order, files in parallel threads.
-
 PyAV is imported on first use only: importing this module loads neither PyAV nor Pillow.
 """
 from __future__ import annotations
@@ -22,8 +18,6 @@ import io
 import math
 import os
 import threading
-from bisect import bisect_right
-from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
@@ -31,10 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-
-from ._episode_files import copy_repeats, import_optional, io_map, remove_quietly, temp_file_path
-from ._video_index import EpisodeFile, RunFileIndex
+from ._episode_files import import_optional, remove_quietly, temp_file_path
 
 #: container format of each file extension
 CONTAINERS = {"mp4": "mp4", "mkv": "matroska", "mov": "mov"}
@@ -49,14 +40,19 @@ _SOFTWARE_LOSSY = ("libx264", "libsvtav1", "mpeg4")
 #: 8-bit packed / planar RGB formats: converting rgb24 to and from them is a pure reordering (exact)
 _RGB_FORMATS = ("rgb24", "bgr24", "bgr0", "rgb0", "0rgb", "0bgr", "rgba", "bgra", "argb", "abgr", "gbrp")
 _DEFAULT_OPTIONS: Dict[str, Dict[str, str]] = {
-    # no B-frames: a frame then depends only on the frames before it back to its keyframe, so random access
-    # decodes ~15% less for ~8% more bytes (measured on 128x128 camera-like frames, GOP 10)
-    "libx264": {"preset": "veryfast", "crf": "23", "bf": "0"},
+    # (libx264 also gets the B-frame layout of `_x264_frame_layout` unless the caller sets one)
+    "libx264": {"preset": "veryfast", "crf": "23"},
     "libx264rgb": {"preset": "veryfast", "crf": "23"},
     "libsvtav1": {"preset": "10", "crf": "35"},
 }
 #: keyframe interval of inter-coded codecs: random access decodes on average about half of it per frame read
 DEFAULT_GOP = 10
+#: frames of at most this many pixels are encoded on one thread. FFmpeg's automatic threading splits a small frame
+#: into slices encoded in parallel, which costs more than it saves: libx264 on 128x128 frames took ~30% more CPU per
+#: frame, wrote ~9% more bytes and ran no faster on a 2-core machine (measured with bench/bench_video.py); the
+#: caller's threads (one encoder per writer) are the better place for parallelism. Larger frames keep FFmpeg's
+#: automatic thread count; ``encoder_options={"threads": "N"}`` overrides both.
+SINGLE_THREAD_ENCODE_PIXELS = 320 * 240
 
 
 # ---------------------------------------------------------------------------------------------------- PyAV
@@ -165,10 +161,29 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
                 raise ValueError(f"encoder_options {key}={user[key]} makes libx264rgb lossy, but lossless=True; drop it")
         user.pop("crf", None)
         opts["qp"] = "0"
-    opts.update(user)
     exact = capable and _format_is_exact(pix, channels)
     gop = gop_size if gop_size is not None else (1 if codec in _EXACT_CODECS else DEFAULT_GOP)
+    if codec == "libx264" and not _B_FRAME_KEYS.intersection(user):
+        opts.update(_x264_frame_layout(gop))
+    opts.update(user)
     return CodecPlan(codec, pix, tuple(sorted(opts.items())), exact, gop, file_ext)
+
+
+#: encoder options that say how B-frames are laid out (a caller setting any of them keeps x264's own layout)
+_B_FRAME_KEYS = frozenset(("bf", "x264-params", "x264opts", "b-pyramid", "b_strategy", "b-adapt"))
+
+
+def _x264_frame_layout(gop: int) -> Dict[str, str]:
+    """One B-frame between anchors, always, never a reference: with GOP 10, I B P B P B P B P P. Reading frame k then
+    decodes the keyframe, the P-frames up to k (or the anchor after a B-frame k) and k itself; the decoder drops the
+    other B-frames unread (skip_frame="NONREF", see `_video_decode`). Measured with bench/bench_video.py (128x128
+    camera-like frames, GOP 10) against no B-frames: ~10% fewer bytes at the same PSNR, random and sequential reads
+    as fast or a little faster, encoding as fast. Longer B runs (3, 8) read random frames 10-20% faster still but no
+    sequential run faster, so a 64-frame slice falls under 3x the random rate; x264's own adaptive layout (up to 3
+    B-frames, some of them references) reads random frames ~15% slower than none."""
+    if gop < 3:
+        return {"bf": "0"}
+    return {"x264-params": "bframes=1:b-adapt=0:b-pyramid=none"}
 
 
 _PROBES: Dict[Tuple[Any, ...], Optional[str]] = {}
@@ -185,19 +200,22 @@ def probe_plan(plan: CodecPlan, shape: Tuple[int, int, int], fps: Fraction) -> O
     h, w, c = shape
     err: Optional[str] = None
     try:
-        buf = io.BytesIO()
-        container = av.open(buf, "w", format=CONTAINERS[plan.file_ext])
-        try:
-            enc = _StreamSetup(container, plan, shape, fps)
-            for i in range(2):
-                frame = enc.frame_from(np.full((h, w, 3) if c == 3 else (h, w), 40 * i, dtype=np.uint8))
-                frame.pts = i
-                for pkt in enc.stream.encode(frame):
+        # FFmpeg's messages of a failing candidate (e.g. "Cannot load libcuda.so.1") are kept out of the caller's
+        # log when PyAV logging is on: the failure is reported in `tried` instead
+        with av.logging.Capture():
+            buf = io.BytesIO()
+            container = av.open(buf, "w", format=CONTAINERS[plan.file_ext])
+            try:
+                enc = _StreamSetup(container, plan, shape, fps)
+                for i in range(2):
+                    frame = enc.frame_from(np.full((h, w, 3) if c == 3 else (h, w), 40 * i, dtype=np.uint8))
+                    frame.pts = i
+                    for pkt in enc.stream.encode(frame):
+                        container.mux(pkt)
+                for pkt in enc.stream.encode(None):
                     container.mux(pkt)
-            for pkt in enc.stream.encode(None):
-                container.mux(pkt)
-        finally:
-            container.close()
+            finally:
+                container.close()
         if not buf.getvalue():
             err = "wrote no bytes"
     except Exception as exc:  # noqa: BLE001 - any failure means "does not work here"
@@ -271,6 +289,8 @@ class _StreamSetup:
         cc = stream.codec_context
         cc.time_base = 1 / fps
         cc.gop_size = plan.gop_size
+        if h * w <= SINGLE_THREAD_ENCODE_PIXELS and "threads" not in plan.options_dict:
+            cc.thread_count = 1
         if plan.options:
             stream.options = plan.options_dict
         self.stream = stream
@@ -348,216 +368,5 @@ class FrameEncoder:
         remove_quietly(self.path)
 
 
-# ---------------------------------------------------------------------------------------------------- decoding
-class FrameDecoder:
-    """An open video file positioned somewhere in its stream; reads frames by number, exactly."""
-
-    def __init__(self, path: str, file: EpisodeFile, shape: Tuple[int, int, int], fps: Fraction, threads: int,
-                 container_format: Optional[str] = None) -> None:
-        av = _av()
-        self.path = path
-        self.file = file
-        try:
-            self._container = av.open(path, "r", format=container_format)
-        except FileNotFoundError:
-            raise StorageNotFoundError(f"video file {path} listed in the metadata is missing") from None
-        except av.error.FFmpegError as exc:
-            raise StorageFormatError(f"video file {path} cannot be opened ({exc}): it is damaged") from None
-        try:
-            streams = self._container.streams.video
-            if not streams:
-                raise StorageFormatError(f"video file {path} holds no video stream")
-            self._stream = streams[0]
-            cc = self._stream.codec_context
-            cc.thread_count = threads
-            h, w, c = shape
-            if (cc.width, cc.height) != (w, h):
-                raise StorageFormatError(f"video file {path} holds {cc.width}x{cc.height} frames, expected {w}x{h}")
-            tb = self._stream.time_base
-            self._pts_to_index = float(tb * fps)
-            self._index_to_pts = float(1 / (tb * fps))
-        except BaseException:
-            self.close()
-            raise
-        self._rf = _reformatter()
-        self._gray = shape[2] == 1
-        self._iter: Any = None
-        self.next_index = 0
-        self._gop_guess = 32
-
-    def close(self) -> None:
-        c = getattr(self, "_container", None)
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._container = None
-
-    def _keyframe_before(self, k: int) -> Optional[int]:
-        kf = self.file.keyframes
-        if kf is None:
-            return None
-        i = bisect_right(kf, k)
-        return kf[i - 1] if i else 0
-
-    def _seek(self, k: int) -> None:
-        kf = self._keyframe_before(k)
-        target = kf if kf is not None else k
-        ts = int(round(target * self._index_to_pts))
-        self._container.seek(ts, backward=True, any_frame=False, stream=self._stream)
-        self._iter = self._container.decode(self._stream)
-        self.next_index = -1
-
-    def _convert(self, frame: Any) -> np.ndarray:
-        name = frame.format.name
-        # gray frames kept in an RGB file: every channel holds the value (exact codecs); G is the best kept one
-        green = self._gray and name in _RGB_FORMATS
-        target = "gray" if self._gray and not green else "rgb24"
-        if name != target:
-            frame = self._rf.reformat(frame, format=target, threads=1)
-        arr = frame.to_ndarray()
-        return arr[:, :, 1] if green else arr
-
-    def read(self, frames: Sequence[int], out: np.ndarray, rows: Sequence[int]) -> None:
-        """Writes frame `frames[j]` into `out[rows[j]]`; `frames` must be increasing."""
-        for j, k in enumerate(frames):
-            if not 0 <= k < self.file.frames:
-                raise StorageFormatError(f"{self.path}: frame {k} requested but the file holds {self.file.frames}")
-            kf = self._keyframe_before(k)
-            reachable = self._iter is not None or self.next_index == 0
-            if kf is None:
-                forward = reachable and 0 <= self.next_index <= k <= self.next_index + self._gop_guess
-            else:
-                forward = reachable and kf <= self.next_index <= k
-            if not forward:
-                self._seek(k)
-            elif self._iter is None:
-                self._iter = self._container.decode(self._stream)
-            dst = out[rows[j]]
-            dst[...] = self._decode_until(k, can_restart=not forward).reshape(dst.shape)
-
-    def _decode_until(self, k: int, can_restart: bool) -> np.ndarray:
-        while True:
-            try:
-                frame = next(self._iter)
-            except StopIteration:
-                raise StorageFormatError(f"{self.path}: the video ends before frame {k} (the metadata promises "
-                                         f"{self.file.frames} frames): the file is truncated or damaged") from None
-            except _av().error.FFmpegError as exc:
-                raise StorageFormatError(f"{self.path}: decoding failed before frame {k} ({exc}): the file is "
-                                         "damaged") from None
-            if frame.pts is None:
-                raise StorageFormatError(f"{self.path}: a decoded frame has no timestamp")
-            idx = int(round(frame.pts * self._pts_to_index))
-            self.next_index = idx + 1
-            if idx == k:
-                return self._convert(frame)
-            if idx > k:
-                if can_restart:
-                    # the container's seek index landed past the keyframe: decode from the very start instead
-                    self._container.seek(0, backward=True, any_frame=False, stream=self._stream)
-                    self._iter = self._container.decode(self._stream)
-                    self.next_index = -1
-                    can_restart = False
-                    continue
-                raise StorageFormatError(f"{self.path}: frame {k} is missing (decoding went from frame "
-                                         f"{idx - 1 if idx else 0} to {idx})")
-
-
-
-# ---------------------------------------------------------------------------------------------------- decoder cache
-class DecoderCache:
-    """Decoders of recently read files of one storage directory, kept open for the next read: at most `size`, the
-    least recently used closed first (`size` 0 closes each after use). A decoder is taken out while it reads, so two
-    threads never share one. After `close_all()` every decoder is closed after use."""
-
-    def __init__(self, directory: str, shape: Tuple[int, int, int], fps: Fraction, size: int, threads: int) -> None:
-        self._dir = directory
-        self._shape = shape
-        self._fps = fps
-        self.size = size
-        self.threads = threads
-        self._open: "OrderedDict[str, FrameDecoder]" = OrderedDict()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def _acquire(self, file: EpisodeFile) -> FrameDecoder:
-        with self._lock:
-            dec = self._open.pop(file.uid, None)
-        if dec is None:
-            dec = FrameDecoder(os.path.join(self._dir, file.name), file, self._shape, self._fps, self.threads,
-                               CONTAINERS.get(file.name.rsplit(".", 1)[-1]))
-        return dec
-
-    def _release(self, dec: FrameDecoder) -> None:
-        if self.size == 0 or self._closed:
-            dec.close()
-            return
-        evicted: List[FrameDecoder] = []
-        with self._lock:
-            old = self._open.pop(dec.file.uid, None)
-            if old is not None:
-                evicted.append(old)
-            self._open[dec.file.uid] = dec
-            while len(self._open) > self.size:
-                evicted.append(self._open.popitem(last=False)[1])
-        for d in evicted:
-            d.close()
-
-    def drop(self, uid: str) -> None:
-        """Closes the decoder of the file with content id `uid` (the file is going away)."""
-        with self._lock:
-            dec = self._open.pop(uid, None)
-        if dec is not None:
-            dec.close()
-
-    def close_all(self) -> None:
-        """Closes every open decoder; later reads close theirs after use."""
-        self._closed = True
-        with self._lock:
-            decs = list(self._open.values())
-            self._open.clear()
-        for d in decs:
-            d.close()
-
-    def read_file(self, file: EpisodeFile, frames: Sequence[int], out: np.ndarray, rows: Sequence[int]) -> None:
-        """Writes frame `frames[j]` of `file` into `out[rows[j]]`; `frames` must be increasing."""
-        dec = self._acquire(file)
-        try:
-            dec.read(frames, out, rows)
-        except BaseException:
-            dec.close()
-            raise
-        self._release(dec)
-
-    def read_rows(self, index: RunFileIndex, pos: np.ndarray, out: np.ndarray) -> None:
-        """Writes the frame physical row `pos[k]` reads into `out[k]`, leaving unwritten rows alone: each file is
-        decoded once, its frames in increasing order, different files in parallel threads."""
-        fids = index.row_file[pos]
-        frames = index.row_frame[pos]
-        sel = np.flatnonzero(fids >= 0)
-        if not sel.size:
-            return
-        order = sel[np.lexsort((frames[sel], fids[sel]))]
-        f_sorted = fids[order]
-        cuts = np.flatnonzero(np.diff(f_sorted)) + 1
-        groups = np.split(order, cuts)
-        jobs = []
-        for g in groups:
-            uniq, first, inverse = np.unique(frames[g], return_index=True, return_inverse=True)
-            jobs.append((index.files[int(fids[g[0]])], uniq, g, first, inverse))
-
-        def run(job: Tuple[EpisodeFile, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
-            file, uniq, g, first, inverse = job
-            self.read_file(file, uniq.tolist(), out, g[first].tolist())  # each frame decoded once, in place
-            copy_repeats(out, g, first, inverse)
-
-        io_map(run, jobs, min_parallel=2)
-
-
 __all__ = ["CONTAINERS", "HARDWARE_ENCODERS", "DEFAULT_GOP", "CodecPlan", "select_codec", "probe_plan", "fps_fraction",
-           "codec_family", "EncodedFile", "FrameEncoder", "FrameDecoder", "DecoderCache"]
+           "codec_family", "EncodedFile", "FrameEncoder"]

@@ -2,10 +2,10 @@
 
 This module is the `VideoStorage` class: creating and opening, writing (`set`, append-built segments, committing
 encoded files all or nothing), reading, length, persistence and pickling. It composes the private modules
-`_video_codec` (choosing an encoder, encoding and decoding files, pixel formats, the decoder cache), `_video_index`
-(which file and frame every row reads), `_video_layout` (the directory: metadata checks, file names, dumps),
-`_video_options` (decoding options) and `_video_writer` (the segment writer); `_episode_files` holds what it shares
-with `ImageStorage`.
+`_video_codec` (choosing an encoder, encoding files, pixel formats), `_video_decode` (decoding, the decoder cache),
+`_video_index` (which file and frame every row reads), `_video_layout` (the directory: metadata checks, file names,
+dumps), `_video_options` (decoding options) and `_video_writer` (the segment writer); `_episode_files` holds what it
+shares with `ImageStorage`.
 
 Writing. A segment writer (`open_segment_writer`) and an append-built segment (`mark_segment_start` / `append` /
 `mark_segment_end`) encode each frame as it arrives into a hidden temporary file; on commit the file is renamed into
@@ -15,7 +15,7 @@ into one new file the same way. Rows of older files that a new file covers are r
 file keeps serving its other rows unchanged (no re-encoding, so no generation loss) and is deleted once no row
 reads from it.
 
-Reading. Every file records its keyframes while it is written and random access is exact (see `_video_codec`). A
+Reading. Every file records its keyframes while it is written and random access is exact (see `_video_decode`). A
 batch read decodes each file once and puts the rows back in the caller's order.
 
 Codecs. ``codec="auto"`` keeps the first candidate encoder that really works here; ``storage.codec`` and the metadata
@@ -43,8 +43,9 @@ from unienv_interface.space import Space
 
 from ._episode_files import (FileRowStorage, check_count, consecutive_runs, describe_rows, image_shape,
                              prepare_new_directory, remove_quietly, ring_positions)
-from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, DecoderCache, EncodedFile, FrameEncoder, codec_family,
-                           fps_fraction, probe_plan, select_codec)
+from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, EncodedFile, FrameEncoder, codec_family, fps_fraction,
+                           probe_plan, select_codec)
+from ._video_decode import DecoderCache
 from ._video_index import EpisodeFile, RunFileIndex
 from ._video_layout import (METADATA_FIELDS, METADATA_FILE, REFERENCE_INDEX_FILE, VideoLayout, dump_files,
                             new_file_name, orphan_names, parse_metadata, parse_reference, verify_files)
@@ -365,6 +366,10 @@ class VideoStorage(FileRowStorage):
         if self._capacity is None and start + length > self._length:
             self._grow_to(start + length)
         self._install([(encoded, rows)], record=(start, length))
+
+    def _has_persistent_segments(self) -> bool:
+        # each commit rewrites the metadata with the segment list (reference-written directories: read-only)
+        return bool(self._format_version)
 
     # ------------------------------------------------------------------ reads
     def get_numpy(self, index: Any) -> np.ndarray:

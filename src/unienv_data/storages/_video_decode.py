@@ -1,0 +1,400 @@
+"""How `VideoStorage` reads frames back from its video files, on PyAV (FFmpeg): `FrameDecoder` (one open file, frames
+by number) and `DecoderCache` (the open decoders of a storage directory, and batch reads over its files).
+
+Reading frame k seeks to the last keyframe at or before k (recorded while the file was written) and decodes forward,
+or keeps decoding forward when the open decoder is already in that stretch, so random access is exact. Packets of
+frames nobody asked for are decoded with ``skip_frame="NONREF"`` (H.264): a B-frame no other frame refers to is then
+dropped instead of decoded. Only the frames asked for are converted to RGB, by one reused converter per decoder.
+
+A batch read sorts the frames per file and decodes each file once, forward. Files are decoded in parallel threads
+(decoding releases the GIL) that share the work with the calling thread (`share_work`); when a batch touches fewer
+files than there are threads, long runs of one file (a slice) are cut at keyframes into parts decoded by separate
+decoders of that file, so a slice uses the threads too.
+
+PyAV is imported on first use only.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from bisect import bisect_right
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor, wait
+from fractions import Fraction
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+
+from . import _episode_files
+from ._episode_files import copy_repeats
+from ._video_codec import _RGB_FORMATS, CONTAINERS, _av, _reformatter
+from ._video_index import EpisodeFile, RunFileIndex
+
+#: idle decoders kept per file (more than one lets parts of a long run of one file decode in parallel)
+DECODERS_PER_FILE = 4
+#: a run of one file is cut into parts for parallel threads only if every part keeps at least this many frames
+MIN_SPLIT_FRAMES = 16
+
+
+class FrameDecoder:
+    """An open video file positioned somewhere in its stream; reads frames by number, exactly."""
+
+    def __init__(self, path: str, file: EpisodeFile, shape: Tuple[int, int, int], fps: Fraction, threads: int,
+                 container_format: Optional[str] = None) -> None:
+        av = _av()
+        self.path = path
+        self.file = file
+        try:
+            self._container = av.open(path, "r", format=container_format)
+        except FileNotFoundError:
+            raise StorageNotFoundError(f"video file {path} listed in the metadata is missing") from None
+        except av.error.FFmpegError as exc:
+            raise StorageFormatError(f"video file {path} cannot be opened ({exc}): it is damaged") from None
+        try:
+            streams = self._container.streams.video
+            if not streams:
+                raise StorageFormatError(f"video file {path} holds no video stream")
+            self._stream = streams[0]
+            cc = self._stream.codec_context
+            cc.thread_count = threads
+            h, w, c = shape
+            if (cc.width, cc.height) != (w, h):
+                raise StorageFormatError(f"video file {path} holds {cc.width}x{cc.height} frames, expected {w}x{h}")
+            tb = self._stream.time_base
+            self._pts_to_index = float(tb * fps)
+            self._index_to_pts = float(1 / (tb * fps))
+        except BaseException:
+            self.close()
+            raise
+        self._rf = _reformatter()
+        self._gray = shape[2] == 1
+        self._iter: Any = None
+        self.next_index = 0
+        self._gop_guess = 32
+        # H.264 decodes every packet the caller does not want with skip_frame="NONREF": a frame no other frame
+        # refers to (most B-frames) is then dropped instead of decoded. Which frames were fed that way since the
+        # last seek is remembered, so a later read of one of them seeks instead of decoding forward past it.
+        self._cc = self._stream.codec_context
+        self._skip_nonref = self._cc.name == "h264"
+        self._skip_mode = "DEFAULT"
+        self._wanted: "set[int]" = set()
+        self._maybe_skipped: "set[int]" = set()
+
+    def close(self) -> None:
+        c = getattr(self, "_container", None)
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._container = None
+
+    def _keyframe_before(self, k: int) -> Optional[int]:
+        kf = self.file.keyframes
+        if kf is None:
+            return None
+        i = bisect_right(kf, k)
+        return kf[i - 1] if i else 0
+
+    def _seek(self, k: int) -> None:
+        kf = self._keyframe_before(k)
+        target = kf if kf is not None else k
+        ts = int(round(target * self._index_to_pts))
+        self._container.seek(ts, backward=True, any_frame=False, stream=self._stream)
+        self._iter = self._frames()
+        self.next_index = -1
+        self._maybe_skipped.clear()
+
+    def _frames(self) -> Any:
+        """Decoded frames from the current position: `container.decode` with the per-packet frame skipping."""
+        cc, container, stream = self._cc, self._container, self._stream
+        to_index = self._pts_to_index
+        for packet in container.demux(stream):
+            if self._skip_nonref:
+                pts = packet.pts
+                mode = "DEFAULT"
+                if pts is not None:
+                    idx = int(round(pts * to_index))
+                    if idx not in self._wanted:
+                        mode = "NONREF"
+                        self._maybe_skipped.add(idx)
+                if mode != self._skip_mode:
+                    cc.skip_frame = mode
+                    self._skip_mode = mode
+            yield from cc.decode(packet)
+
+    def _convert(self, frame: Any) -> np.ndarray:
+        name = frame.format.name
+        # gray frames kept in an RGB file: every channel holds the value (exact codecs); G is the best kept one
+        green = self._gray and name in _RGB_FORMATS
+        target = "gray" if self._gray and not green else "rgb24"
+        if name != target:
+            frame = self._rf.reformat(frame, format=target, threads=1)
+        arr = frame.to_ndarray()
+        return arr[:, :, 1] if green else arr
+
+    def read(self, frames: Sequence[int], out: np.ndarray, rows: Sequence[int]) -> None:
+        """Writes frame `frames[j]` into `out[rows[j]]`; `frames` must be increasing."""
+        self._wanted = set(frames)
+        for j, k in enumerate(frames):
+            if not 0 <= k < self.file.frames:
+                raise StorageFormatError(f"{self.path}: frame {k} requested but the file holds {self.file.frames}")
+            kf = self._keyframe_before(k)
+            reachable = (self._iter is not None or self.next_index == 0) and k not in self._maybe_skipped
+            if kf is None:
+                forward = reachable and 0 <= self.next_index <= k <= self.next_index + self._gop_guess
+            else:
+                forward = reachable and kf <= self.next_index <= k
+            if not forward:
+                self._seek(k)
+            elif self._iter is None:
+                self._iter = self._frames()
+            dst = out[rows[j]]
+            dst[...] = self._decode_until(k, can_restart=not forward).reshape(dst.shape)
+
+    def _decode_until(self, k: int, can_restart: bool) -> np.ndarray:
+        while True:
+            try:
+                frame = next(self._iter)
+            except StopIteration:
+                raise StorageFormatError(f"{self.path}: the video ends before frame {k} (the metadata promises "
+                                         f"{self.file.frames} frames): the file is truncated or damaged") from None
+            except _av().error.FFmpegError as exc:
+                raise StorageFormatError(f"{self.path}: decoding failed before frame {k} ({exc}): the file is "
+                                         "damaged") from None
+            if frame.pts is None:
+                raise StorageFormatError(f"{self.path}: a decoded frame has no timestamp")
+            idx = int(round(frame.pts * self._pts_to_index))
+            self.next_index = idx + 1
+            self._maybe_skipped.discard(idx)
+            if idx == k:
+                return self._convert(frame)
+            if idx > k:
+                if can_restart:
+                    # the container's seek index landed past the keyframe: decode from the very start instead
+                    self._container.seek(0, backward=True, any_frame=False, stream=self._stream)
+                    self._iter = self._frames()
+                    self.next_index = -1
+                    self._maybe_skipped.clear()
+                    can_restart = False
+                    continue
+                raise StorageFormatError(f"{self.path}: frame {k} is missing (decoding went from frame "
+                                         f"{idx - 1 if idx else 0} to {idx})")
+
+
+# ---------------------------------------------------------------------------------------------------- threads
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+_POOL_PREFIX = "unienv-video-decode"
+
+
+def _helpers(n: int) -> ThreadPoolExecutor:
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid() or _POOL._max_workers < n:
+            if _POOL is not None and _POOL_PID == os.getpid():
+                _POOL.shutdown(wait=False)  # IO_WORKERS grew: a larger pool replaces it
+            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix=_POOL_PREFIX)
+            _POOL_PID = os.getpid()
+        return _POOL
+
+
+def share_work(fn: Callable[[Any], None], items: List[Any], workers: int) -> None:
+    """Calls `fn(x)` for every item, on the calling thread and up to `workers - 1` helper threads that all take the
+    next item from one shared list until none is left. The caller never waits idle while items remain: on a busy
+    machine, where a helper gets a core late or not at all, the caller simply does (nearly) all the work itself, and
+    on idle cores the helpers take their share. After an error no new item is started; the first error is raised
+    once every started item has finished."""
+    if len(items) < 2 or workers <= 1 or threading.current_thread().name.startswith(_POOL_PREFIX):
+        for x in items:
+            fn(x)
+        return
+    lock = threading.Lock()
+    pending: Iterator[Any] = iter(items)
+    failed: List[BaseException] = []
+
+    def drain() -> None:
+        while not failed:
+            with lock:
+                x = next(pending, _pending_end)
+            if x is _pending_end:
+                return
+            try:
+                fn(x)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+                failed.append(exc)
+                return
+
+    n = min(workers - 1, len(items) - 1)
+    pool = _helpers(n)
+    futures = [pool.submit(drain) for _ in range(n)]
+    drain()
+    wait(futures)
+    if failed:
+        raise failed[0]
+
+
+_pending_end = object()
+
+
+# ---------------------------------------------------------------------------------------------------- decoder cache
+Part = Tuple[EpisodeFile, np.ndarray, np.ndarray]  #: (file, increasing frame numbers, destination rows)
+
+
+def _cut(part: Part) -> Optional[Tuple[Part, Part]]:
+    """`part` cut in two at a keyframe near its middle (each half keeps at least `MIN_SPLIT_FRAMES` frames), so the
+    second half decodes from that keyframe without re-decoding anything of the first; None when there is no such
+    place (unknown keyframes, too few frames)."""
+    file, frames, rows = part
+    n = frames.size
+    if file.keyframes is None or n < 2 * MIN_SPLIT_FRAMES:
+        return None
+    gop = np.searchsorted(np.asarray(file.keyframes), frames, side="right")  # which keyframe stretch each frame is in
+    cuts = np.flatnonzero(gop[1:] > gop[:-1]) + 1
+    cuts = cuts[(cuts >= MIN_SPLIT_FRAMES) & (cuts <= n - MIN_SPLIT_FRAMES)]
+    if not cuts.size:
+        return None
+    c = int(cuts[np.argmin(np.abs(cuts - n / 2))])
+    return (file, frames[:c], rows[:c]), (file, frames[c:], rows[c:])
+
+
+def split_for_threads(parts: List[Part], workers: int) -> List[Part]:
+    """While there are fewer parts than `workers`, cuts the longest part that can be cut (see `_cut`)."""
+    parts = list(parts)
+    blocked: set = set()
+    while len(parts) < workers:
+        order = sorted((k for k in range(len(parts)) if k not in blocked), key=lambda k: -parts[k][1].size)
+        if not order:
+            break
+        k = order[0]
+        halves = _cut(parts[k])
+        if halves is None:
+            blocked.add(k)
+            continue
+        parts[k:k + 1] = list(halves)
+        blocked = {b if b < k else b + 1 for b in blocked}
+    return parts
+
+
+class DecoderCache:
+    """Decoders of recently read files of one storage directory, kept open for the next read: at most `size` in all
+    (the least recently used file's closed first; `size` 0 closes each after use) and `DECODERS_PER_FILE` per file. A
+    decoder is taken out while it reads, so two threads never share one. After `close_all()` every decoder is closed
+    after use."""
+
+    def __init__(self, directory: str, shape: Tuple[int, int, int], fps: Fraction, size: int, threads: int) -> None:
+        self._dir = directory
+        self._shape = shape
+        self._fps = fps
+        self.size = size
+        self.threads = threads
+        self._open: "OrderedDict[str, List[FrameDecoder]]" = OrderedDict()
+        self._count = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _acquire(self, file: EpisodeFile, first: int) -> FrameDecoder:
+        """An idle decoder of `file` (preferably one already positioned at or before frame `first`), or a new one."""
+        dec: Optional[FrameDecoder] = None
+        with self._lock:
+            idle = self._open.get(file.uid)
+            if idle:
+                ahead = [j for j, d in enumerate(idle) if 0 <= d.next_index <= first]
+                j = max(ahead, key=lambda j: idle[j].next_index) if ahead else len(idle) - 1
+                dec = idle.pop(j)
+                self._count -= 1
+                if not idle:
+                    del self._open[file.uid]
+        if dec is None:
+            dec = FrameDecoder(os.path.join(self._dir, file.name), file, self._shape, self._fps, self.threads,
+                               CONTAINERS.get(file.name.rsplit(".", 1)[-1]))
+        return dec
+
+    def _release(self, dec: FrameDecoder) -> None:
+        if self.size == 0 or self._closed:
+            dec.close()
+            return
+        evicted: List[FrameDecoder] = []
+        with self._lock:
+            idle = self._open.setdefault(dec.file.uid, [])
+            self._open.move_to_end(dec.file.uid)
+            idle.append(dec)
+            self._count += 1
+            if len(idle) > DECODERS_PER_FILE:
+                evicted.append(idle.pop(0))
+                self._count -= 1
+            while self._count > self.size:
+                uid, oldest = next(iter(self._open.items()))
+                evicted.append(oldest.pop(0))
+                self._count -= 1
+                if not oldest:
+                    del self._open[uid]
+        for d in evicted:
+            d.close()
+
+    def drop(self, uid: str) -> None:
+        """Closes the decoders of the file with content id `uid` (the file is going away)."""
+        with self._lock:
+            decs = self._open.pop(uid, [])
+            self._count -= len(decs)
+        for d in decs:
+            d.close()
+
+    def close_all(self) -> None:
+        """Closes every open decoder; later reads close theirs after use."""
+        self._closed = True
+        with self._lock:
+            decs = [d for idle in self._open.values() for d in idle]
+            self._open.clear()
+            self._count = 0
+        for d in decs:
+            d.close()
+
+    def read_file(self, file: EpisodeFile, frames: Sequence[int], out: np.ndarray, rows: Sequence[int]) -> None:
+        """Writes frame `frames[j]` of `file` into `out[rows[j]]`; `frames` must be increasing."""
+        dec = self._acquire(file, int(frames[0]) if len(frames) else 0)
+        try:
+            dec.read(frames, out, rows)
+        except BaseException:
+            dec.close()
+            raise
+        self._release(dec)
+
+    def read_rows(self, index: RunFileIndex, pos: np.ndarray, out: np.ndarray) -> None:
+        """Writes the frame physical row `pos[k]` reads into `out[k]`, leaving unwritten rows alone: each frame is
+        decoded once, each file forward; files (and parts of long runs, see `split_for_threads`) in parallel threads."""
+        fids = index.row_file[pos]
+        frames = index.row_frame[pos]
+        sel = np.flatnonzero(fids >= 0)
+        if not sel.size:
+            return
+        order = sel[np.lexsort((frames[sel], fids[sel]))]
+        f_sorted = fids[order]
+        cuts = np.flatnonzero(np.diff(f_sorted)) + 1
+        groups = np.split(order, cuts)
+        parts: List[Part] = []
+        repeats = []
+        for g in groups:
+            uniq, first, inverse = np.unique(frames[g], return_index=True, return_inverse=True)
+            parts.append((index.files[int(fids[g[0]])], uniq, g[first]))
+            repeats.append((g, first, inverse))
+        workers = _episode_files.IO_WORKERS
+        parts = split_for_threads(parts, workers)
+        parts.sort(key=lambda p: -int(p[1].size))  # longest first: the threads finish at about the same time
+
+        def run(part: Part) -> None:
+            file, uniq, rows = part
+            self.read_file(file, uniq.tolist(), out, rows.tolist())  # each frame decoded once, in place
+
+        share_work(run, parts, workers)
+        for g, first, inverse in repeats:
+            copy_repeats(out, g, first, inverse)
+
+
+__all__ = ["FrameDecoder", "DecoderCache", "split_for_threads", "share_work", "DECODERS_PER_FILE", "MIN_SPLIT_FRAMES"]

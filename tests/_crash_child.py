@@ -43,8 +43,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-KINDS = ("flat", "numpy", "rb")
-_KIND_CODE = {"flat": 1, "numpy": 2, "rb": 3}
+import _crash_kinds as ck
+
+KINDS = ("flat", "numpy", "rb") + ck.KINDS
+_KIND_CODE = {"flat": 1, "numpy": 2, "rb": 3, **ck.KIND_CODE}
+BUFFER_KINDS = ("rb",) + ck.BUFFER_KINDS
 FIELDS = ("eid", "t", "n", "x", "chk")  # torch kinds; numpy rows are [eid, t, n, a, b, chk]
 NUMPY_FILE = "data.memmap"
 CLEAN_ERRORS = (ValueError, TypeError, KeyError, IndexError, FileNotFoundError)
@@ -59,6 +62,10 @@ def make_plan(kind: str, seed: int) -> Dict[str, Any]:
     rng = np.random.default_rng([int(seed), _KIND_CODE[kind], 1])
     cap = int(rng.integers(16, 41))
     n_groups = int(rng.integers(8, 19))
+    buffer = kind in BUFFER_KINDS
+    growable = kind in ck.GROWABLE_KINDS
+    if growable:
+        cap = ck.GROW_BOUND     # no ring: only the bound of the overlap arithmetic
     tail = 0
     eid = 0
     actions: List[Dict[str, Any]] = []
@@ -66,7 +73,7 @@ def make_plan(kind: str, seed: int) -> Dict[str, Any]:
     snaps = 0
     for _g in range(n_groups):
         r = rng.random()
-        persist = "flush" if (kind != "rb" and rng.random() < 0.5) else "dumps"
+        persist = "flush" if (not buffer and rng.random() < 0.5) else "dumps"
         if r < 0.45:
             group = [eid]
             op = "append"
@@ -81,11 +88,12 @@ def make_plan(kind: str, seed: int) -> Dict[str, Any]:
         order = list(reversed(group)) if op == "writers" else group  # several writers: committed in reverse
         starts = {}
         for e in order:
-            if kind != "rb" and rng.random() < 0.15:
-                starts[e] = int(rng.integers(0, cap))   # anywhere on the ring (overlaps older episodes at random)
+            if not buffer and rng.random() < 0.15:
+                # anywhere on the ring, or in the rows of a growable storage (overlaps older episodes at random)
+                starts[e] = int(rng.integers(0, tail + 1)) if growable else int(rng.integers(0, cap))
             else:
                 starts[e] = tail
-            tail = (starts[e] + lengths[e]) % cap
+            tail = max(tail, starts[e] + lengths[e]) if growable else (starts[e] + lengths[e]) % cap
             commits.append((e, starts[e], lengths[e]))
         actions.append({"op": op, "eids": group, "order": order, "lengths": lengths, "starts": starts,
                         "persist": persist})
@@ -93,7 +101,7 @@ def make_plan(kind: str, seed: int) -> Dict[str, Any]:
             actions.append({"op": "snapshot", "j": snaps, "after": len(commits)})
             snaps += 1
     return {"kind": kind, "seed": int(seed), "capacity": cap, "actions": actions, "commits": commits,
-            "snapshots": snaps}
+            "snapshots": snaps, "growable": growable}
 
 
 def runs_overlap(a: Tuple[int, int], b: Tuple[int, int], cap: int) -> bool:
@@ -117,6 +125,8 @@ def live_after(plan: Dict[str, Any], n_commits: int) -> List[Tuple[int, int, int
 def episode_arrays(kind: str, seed: int, eid: int, n: int) -> Dict[str, np.ndarray]:
     """The rows of episode `eid` as NumPy arrays: for the torch kinds a dict of FIELDS with a leading axis of n;
     for "numpy" {"rows": int64 (n, 6)}."""
+    if kind in ck.KINDS:
+        return ck.episode_arrays(kind, seed, eid, n, row_checksum)
     rng = np.random.default_rng([int(seed), int(eid), 77])
     if kind == "numpy":
         rows = np.zeros((n, 6), dtype=np.int64)
@@ -172,6 +182,8 @@ def numpy_space() -> Any:
 
 
 def step_value(kind: str, arrays: Dict[str, np.ndarray], t: int) -> Any:
+    if kind in ck.KINDS:
+        return ck.step_value(kind, arrays, t)
     if kind == "numpy":
         return arrays["rows"][t].copy()
     import torch
@@ -215,6 +227,8 @@ class _KillAtEvent:
 
 
 def _open_storage(kind: str, main: str, cap: int) -> Any:
+    if kind in ck.KINDS:
+        return ck.open_storage(kind, main, cap)
     if kind == "flat":
         from unienv_data.storages.flattened import FlattenedStorage
         from unienv_data.storages.pytorch import PytorchTensorStorage
@@ -234,11 +248,15 @@ def record(plan: Dict[str, Any], main: str, snap: str, out: Callable[[str], None
     """Executes the plan (see the module docstring); prints READY, COMMITTED, SNAP-BEGIN / SNAPSHOT, DONE."""
     kind, seed = plan["kind"], plan["seed"]
     st = _open_storage(kind, main, plan["capacity"])
-    own = os.path.join(main, NUMPY_FILE) if kind == "numpy" else main
+    own, snap_to = main, snap
+    if kind == "numpy":
+        own, snap_to = os.path.join(main, NUMPY_FILE), os.path.join(snap, NUMPY_FILE)
+    elif kind in ck.KINDS:
+        own, snap_to = ck.own_path(kind, main), ck.snap_path(kind, snap)
     out("READY")
 
     def persist(how: str) -> None:
-        if kind == "rb":
+        if kind in BUFFER_KINDS:
             st.dumps() if how == "flush" else st.dumps(main)
         elif how == "flush":
             st.flush()
@@ -250,7 +268,7 @@ def record(plan: Dict[str, Any], main: str, snap: str, out: Callable[[str], None
             out(f"SNAP-BEGIN {act['j']}")
             _IN_SNAPSHOT[0] = True
             try:
-                st.dumps(os.path.join(snap, NUMPY_FILE) if kind == "numpy" else snap)
+                st.dumps(snap_to)
             finally:
                 _IN_SNAPSHOT[0] = False
             out(f"SNAPSHOT {act['j']}")
@@ -258,7 +276,7 @@ def record(plan: Dict[str, Any], main: str, snap: str, out: Callable[[str], None
         data = {e: episode_arrays(kind, seed, e, act["lengths"][e]) for e in act["eids"]}
         if act["op"] == "append":
             (e,) = act["eids"]
-            if kind != "rb":
+            if kind not in BUFFER_KINDS:
                 st.mark_segment_start(act["starts"][e])
             for t in range(act["lengths"][e]):
                 st.append(step_value(kind, data[e], t))
@@ -272,7 +290,7 @@ def record(plan: Dict[str, Any], main: str, snap: str, out: Callable[[str], None
                 if t < act["lengths"][e]:
                     writers[e].append(step_value(kind, data[e], t))
         for e in act["order"]:
-            if kind == "rb":
+            if kind in BUFFER_KINDS:
                 st.commit_segment(writers[e])
             else:
                 writers[e].commit(act["starts"][e])
@@ -286,6 +304,9 @@ def run_trial(spec: Dict[str, Any], out_fd: Optional[int] = 1) -> None:
     window ('all' | 'snapshot': where a point-mode kill may land)."""
     from unienv_data.base.files import set_durable
     set_durable(bool(spec.get("durable")))
+    if spec["kind"] == "mp":
+        import _crash_mp
+        _crash_mp.run(spec, sys.modules[__name__])
     plan = make_plan(spec["kind"], spec["seed"])
     out = _Out(out_fd)
     if spec.get("mode") != "point":
@@ -323,6 +344,7 @@ def _preload() -> None:
     import unienv_data.storages.flattened  # noqa: F401
     import unienv_data.storages.numpy_memmap  # noqa: F401
     import unienv_data.storages.pytorch  # noqa: F401
+    ck.preload()
 
 
 def serve() -> None:
@@ -464,6 +486,8 @@ def _clean_error_problem(exc: BaseException, what: str) -> Optional[str]:
 def _load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[int, int], Dict[str, np.ndarray]]]:
     """Opens a trial directory read-only: (object to close, listed runs `(physical start, n)`, reader of the rows
     of a listed run by its position in that list)."""
+    if kind in ck.KINDS:
+        return ck.load(kind, main)
     if kind == "numpy":
         from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
         st = NumpyMemmapStorage.load_from(os.path.join(main, NUMPY_FILE), numpy_space())
@@ -512,8 +536,8 @@ def _episode_problem(kind: str, seed: int, rows: Dict[str, np.ndarray], n: int) 
             return None, f"rows of shape {r.shape}"
         ids, ts, ns = r[:, 0], r[:, 1], r[:, 2]
     else:
-        eid = int(rows["eid"][0])
-        ids, ts, ns = rows["eid"], rows["t"], rows["n"]
+        ids, ts, ns = ck.ids_of(kind, rows) if kind in ck.KINDS else (rows["eid"], rows["t"], rows["n"])
+        eid = int(ids[0])
     if not (ids == eid).all():
         return None, f"rows of several episodes {sorted(set(ids.tolist()))}"
     if ts.tolist() != list(range(n)) or not (ns == n).all():

@@ -325,3 +325,24 @@ def test_damaged_metadata_never_crashes_info_or_verify(tmp_path: Path) -> None:
         flagged += not report["ok"]
         shutil.rmtree(ds)
     assert flagged >= 30                                       # most mutations are damage, and are reported
+
+
+def test_info_and_verify_read_an_hdf5_file_a_recorder_holds_open(tmp_path: Path) -> None:
+    pytest.importorskip("h5py")
+    from unienv_data.storages.hdf5 import HDF5Storage
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    from unienv_interface.space import BoxSpace
+
+    path = tmp_path / "rec.h5"
+    st = HDF5Storage.create(BoxSpace(NB, -1.0, 1.0, np.float32, shape=(3,)), capacity=8, cache_path=str(path))
+    try:
+        st.mark_segment_start(0)
+        for _ in range(3):
+            st.append(np.zeros(3, np.float32))
+        st.mark_segment_end()
+        st.flush()  # the recorder keeps the file open (HDF5's file lock held) while a second process inspects it
+        info = run_json("info", path)
+        assert info["kind"] == "HDF5Storage" and info["episode_lengths"] == [3] and info["problems"] == []
+        run_cli("verify", path)
+    finally:
+        st.close()

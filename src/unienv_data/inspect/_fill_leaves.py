@@ -147,7 +147,9 @@ def _fill_hdf5(root: str, node: StorageNode, space_json: Optional[Dict[str, Any]
                           "(pip install 'unienv-storage[hdf5]')")
         return
     try:
-        with h5py.File(os.path.join(root, node.rel), "r") as f:
+        # locking=False: `info` / `verify` must work while a recorder holds the file open for writing (only an
+        # attribute written once with the file is read; rows and segments come from the state sidecar)
+        with h5py.File(os.path.join(root, node.rel), "r", locking=False) as f:
             raw = f.attrs.get(HDF5_ATTRIBUTE)
     except (OSError, ValueError) as exc:
         node.problems.append(f"{node.rel}: not a readable HDF5 file ({exc})")
@@ -171,6 +173,11 @@ def _fill_hdf5(root: str, node: StorageNode, space_json: Optional[Dict[str, Any]
         return
     node.format_version = v
     node.metadata_rel = f"{node.rel} (attribute {HDF5_ATTRIBUTE})"
+    state_rel = node.rel + ".state.json"     # commit points keep length and segments here (see storages/_hdf5_state)
+    state = _read_meta(root, state_rel, node) if os.path.isfile(os.path.join(root, state_rel)) else None
+    if isinstance(state, dict) and meta.get("file_id") and state.get("file_id") == meta.get("file_id"):
+        node.metadata_rel = state_rel
+        meta = {**meta, **{k: state[k] for k in ("length", "segments") if k in state}}
     node.meta = meta
     node.capacity = _int_or_none(meta.get("capacity"))
     node.length = _int_or_none(meta.get("length"))

@@ -3,12 +3,25 @@
 Shared state lives in a `multiprocessing` RawArray guarded by a spawn-context RLock; both travel to child
 processes with the buffer when it is passed as a `Process` argument (fork or spawn). Segments of a shared buffer
 are kept in the same shared memory (a table of `(start, length)` runs), so every process sees every commit.
+
+A disk-backed shared buffer (`cache_path`) also persists that table at every change (`persist_shared`): the
+metadata is rewritten (atomically) when segments are dropped, before their rows are overwritten, and when an
+episode is committed, after its rows were written. So an episode whose `commit_segment` / `mark_segment_end`
+returned survives a kill of every process, and the metadata never lists rows that hold something else. Each
+process's storage keeps a private copy of its segment list, so the metadata of such a buffer says
+`"shared_segments": true` and its table, not the storage's own list, counts when the directory is reopened
+(`adopt_shared_segments`).
 """
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-from typing import Any, List, Optional, Tuple
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from unienv_data.base.files import atomic_write_json, is_durable
+
+from ._metadata import METADATA_FILE
 
 _COUNT, _OFFSET, _NSEG, _WRITTEN, _VERSION, _HEADER = 0, 1, 2, 3, 4, 5
 _NO_LOCK = contextlib.nullcontext()
@@ -110,3 +123,44 @@ class SharedState:
 
     def __setstate__(self, st: Any) -> None:
         self._lock, self._arr, self._max, self._keeps_segments = st["lock"], st["arr"], st["max"], st["keeps"]
+
+
+def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None) -> None:
+    """Rewrites the metadata of a disk-backed `multiprocessing=True` buffer now (called under its lock after its
+    shared segment table changed, or with `drop=(start, n)` before rows `[start, start + n)` are overwritten: the
+    segments they belong to are left out); with durable commit points the storage's rows are flushed first."""
+    if not (buffer.multiprocessing and buffer.cache_path is not None and buffer._own_segments):
+        return
+    st = buffer._st()
+    if not st.is_mutable or st.cache_filename is None:
+        return
+    log = buffer._log()
+    if drop is not None:
+        log.drop_overlapping(*drop)
+        if not log.version:
+            return      # no listed segment holds those rows: the metadata on disk stays true
+    if is_durable():
+        st.flush()
+    meta = buffer._metadata()
+    if drop is not None:
+        cap = st.capacity
+        meta["physical_segments"] = [[s, (s + n - 1) % cap if cap else s + n - 1] for s, n in log.runs()]
+    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), meta)
+
+
+def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List[Tuple[int, int]]],
+                          read_only: bool) -> None:
+    """Reopening (in one process) a directory written by a shared buffer: its metadata's segment table, persisted
+    at every commit, replaces the storage's own list (which no process kept complete); a writable reopen writes
+    the adopted list back at once (`dumps()`), so the storage's list is the authority again."""
+    if not meta.get("shared_segments") or runs is None or buffer.multiprocessing:
+        return
+    st = buffer._st()
+    if st.get_segments() is None:
+        return          # the buffer keeps its own list: it was built from the metadata already
+    cap = st.capacity
+    st.forget_segments(0, cap if cap is not None else max(len(st), 1))
+    for s, n in runs:
+        st._record_segment(s, n)
+    if not read_only and buffer.cache_path is not None:
+        buffer.dumps()

@@ -30,8 +30,7 @@ from unienv_interface.space.space_utils.serialization_utils import json_to_space
 
 from ._batch_writes import _batch_length, _check_only, _checked_write, _persists_segments, _slice_leaves
 from ._metadata import METADATA_FILE, read_metadata
-from ._shared_state import LocalState, SharedState
-
+from ._shared_state import LocalState, SharedState, adopt_shared_segments, persist_shared
 
 
 class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
@@ -161,6 +160,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                  maintain_segment_metadata=bool(meta.get("maintain_segment_metadata", runs is not None)),
                  physical_segments=runs)
         rb._owns_storage = True
+        adopt_shared_segments(rb, meta, runs, read_only)
         return rb
 
     # ------------------------------------------------------------------ static helpers
@@ -368,12 +368,14 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
+        persist_shared(self)            # before those rows are overwritten
 
     def _add_own_segment(self, start: int, n: int) -> None:
         if self._own_segments and n > 0:
             log = self._log()
             log.add(start, n)
             self._state.set_segments(log.runs())
+            persist_shared(self)        # the episode survives a crash once its commit returns
 
     def extend(self, value: Any) -> None:
         """Adds a batch at the tail; a full ring overwrites its oldest rows (and drops their segments)."""
@@ -490,6 +492,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             written = self._state.total_written
             start, _ = self._advance(n)
             try:
+                persist_shared(self, drop=(start, n))   # the segments these rows belong to are gone first
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
@@ -522,7 +525,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                 "capacity": cap, "storage_cls": storage_type_name(type(st)),
                 "storage_path_relative": self.storage_path_relative,
                 "single_instance_space": space_to_json(self.single_space), "physical_segments": segs,
-                "maintain_segment_metadata": self._maintain}
+                "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing}
 
     def _write_metadata(self, path: PathLike) -> None:
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())

@@ -428,6 +428,10 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def forget_segments(self, start: int, length: int) -> None:
         self._each_child("forget_segments", start, length)
 
+    def _has_persistent_segments(self) -> bool:
+        # every child persists its own list: their reconciled lists (not an owner's copy) are authoritative
+        return bool(self._storages) and all(c._has_persistent_segments() for c in self._storages)
+
     def _record_segment(self, start: int, length: int) -> None:
         for c in self._storages:
             c._record_segment(start, length)

@@ -10,15 +10,20 @@ episode is durable in the buffer (data, then metadata by atomic rename) before t
   in-process (lib)     ReplayBuffer segment writer: writer.append(step) per step, commit_segment, dumps()
   in-process (batch)   EpisodeBuilder.append(step) per step, commit_episodes(buffer, [episode]) (one write, dumps())
   ray N coll.          N collector actors, each RemoteEpisodeBuilder.append(step) per step; episodes go to the
-                       service `episodes_per_call` per call (one call each by default), up to 1 call in flight
+                       service `episodes_per_call` per call (one call each by default), up to 1 call in flight;
+                       collectors on the actor's node build into shared-memory slabs (transport "auto")
+  ray 2 coll. object store   the same with transport="object_store" (what collectors on other nodes do)
   ray 2 coll. shards   each collector writes shards of 8 episodes locally (write_shard) and the service adopts them
 Sample: batches of 256 uniformly drawn rows.
-  in-process           StepSampler(buffer, 256).sample()
-  ray                  BufferClient.sampler(256): prefetch 2, many batches per call for W1 (8 MiB blocks)
+  in-process           StepSampler(buffer, 256).sample() over the service's files, opened in this process
+  local sampler        BufferClient.local_sampler(256): the same files read in this process, with the view check
+  remote               BufferClient.sampler(256): prefetch 2, many batches per call for W1 (8 MiB blocks)
 
 Ratios are throughput(ray) / throughput(in-process): above 1 means the service is faster. Targets (issue #8):
-W2 2 collectors >= 1.2x, W1 2 collectors >= 0.5x, sampling >= 0.5x (W1 and W2), each against the in-process (lib)
-path; the in-process (batch) column shows the ratio against the fastest in-process path this library has.
+W2 2 collectors >= 1.2x, W1 2 collectors >= 0.5x, sampling >= 0.5x (W1 and W2; met by the local sampler, the remote
+one is printed for learners on other nodes), each against the in-process (lib) path; the in-process (batch) column
+shows the ratio against the fastest in-process path this library has. Every Ray commit is durable before it is
+acknowledged, like every in-process episode; commits that reach the actor together share one dump (group commit).
 
 Usage:  .venv/bin/python bench/bench_ray.py [--quick] [--repeats N]
 """
@@ -112,14 +117,16 @@ def collector_class(ray: Any) -> Any:
         def ready(self) -> bool:
             return True
 
-        def run(self, client: Any, eps: List[int], steps: int, per_call: int, in_flight: int) -> int:
-            builder = client.episode_builder(episodes_per_call=per_call, max_in_flight=in_flight)
+        def run(self, client: Any, eps: List[int], steps: int, per_call: int, in_flight: int,
+                transport: str = "auto") -> int:
+            builder = client.episode_builder(episodes_per_call=per_call, max_in_flight=in_flight,
+                                             transport=transport)
             data = self.data
             for e in eps:
                 for t in range(e * steps, (e + 1) * steps):
                     builder.append({k: v[t] for k, v in data.items()})
                 builder.end_episode()
-            builder.flush()
+            builder.close()
             return builder.committed_rows
 
         def run_shards(self, client: Any, eps: List[int], steps: int, per_shard: int, root: str) -> int:
@@ -142,7 +149,7 @@ def collector_class(ray: Any) -> Any:
 
 
 def ray_collect(ray: Any, root: str, space: DictSpace, collectors: List[Any], eps: List[int], steps: int,
-                per_call: int, shards: bool) -> float:
+                per_call: int, shards: bool, transport: str = "auto") -> float:
     from unienv_data.integrations.ray import start_buffer_service
 
     path = os.path.join(root, "svc")
@@ -152,7 +159,7 @@ def ray_collect(ray: Any, root: str, space: DictSpace, collectors: List[Any], ep
     if shards:
         refs = [c.run_shards.remote(client, s, steps, per_call, root) for c, s in zip(collectors, shares)]
     else:
-        refs = [c.run.remote(client, s, steps, per_call, 1) for c, s in zip(collectors, shares)]
+        refs = [c.run.remote(client, s, steps, per_call, 1, transport) for c, s in zip(collectors, shares)]
     rows = sum(ray.get(refs, timeout=600))
     dt = time.perf_counter() - t0
     if rows != len(eps) * steps or len(client) != rows:
@@ -164,7 +171,9 @@ def ray_collect(ray: Any, root: str, space: DictSpace, collectors: List[Any], ep
 
 # ---------------------------------------------------------------------- sampling
 def sampling(ray: Any, root: str, space: DictSpace, data: Dict[str, np.ndarray], steps: int, n_episodes: int,
-             calls: int, repeats: int) -> Tuple[float, float]:
+             calls: int, repeats: int) -> Dict[str, float]:
+    """Median seconds per batch of 256 for the in-process sampler, the local sampler and the remote sampler, over
+    the same files (interleaved repeats)."""
     from unienv_data.integrations.ray import EpisodeLayout, episode_from_batch, start_buffer_service
 
     path = os.path.join(root, "sample-svc")
@@ -173,79 +182,70 @@ def sampling(ray: Any, root: str, space: DictSpace, data: Dict[str, np.ndarray],
     for e in range(n_episodes):
         client.commit(episode_from_batch(layout, {k: v[e * steps:(e + 1) * steps] for k, v in data.items()}))
     rb = ReplayBuffer.load_from(path, backend=B)       # the same files, read in this process
-    local = StepSampler(rb, 256, seed=0)
+    inproc = StepSampler(rb, 256, seed=0)
+    local = client.local_sampler(256, seed=0)
     for _ in range(3):
+        inproc.sample()
         local.sample()
-    ours: List[float] = []
-    lim: List[float] = []
+    times: Dict[str, List[float]] = {"in-process": [], "local": [], "remote": []}
+    order = list(times)
     for r in range(repeats):
-        for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+        for which in (order if r % 2 == 0 else order[::-1]):
             # a fresh remote sampler each time: its pipeline starts empty, so nothing prefetched before the clock
             # started is counted (pessimistic by one round trip)
-            remote = client.sampler(256, prefetch=2, seed=r)
-            fn: Callable[[], Any] = (local.sample, remote.sample)[which]
+            remote = client.sampler(256, prefetch=2, seed=r) if which == "remote" else None
+            fn: Callable[[], Any] = {"in-process": inproc.sample, "local": local.sample,
+                                     "remote": remote.sample if remote is not None else inproc.sample}[which]
             t0 = time.perf_counter()
             for _ in range(calls):
                 batch = fn()
-                assert batch["obs"].shape == (256, 64)
-            (lim if which == 0 else ours).append((time.perf_counter() - t0) / calls)
-            remote.close()
+                if batch["obs"].shape != (256, 64):
+                    raise RuntimeError(f"{which}: batch of shape {batch['obs'].shape}")
+            times[which].append((time.perf_counter() - t0) / calls)
+            if remote is not None:
+                remote.close()
+    local.close()
     rb.close()
     client.shutdown()
     shutil.rmtree(path)
-    return statistics.median(ours), statistics.median(lim)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and calls")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workloads", default="W1,W2", help="comma-separated: W1, W2")
+    ap.add_argument("--parts", default="collect,sample", help="comma-separated: collect, sample")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     root = tempfile.mkdtemp(prefix="unienv-bench-ray-")
     init_local_cluster(num_cpus=2, object_store_bytes=1 << 30)
     import ray
 
     Collector = collector_class(ray)
     rows: List[Tuple[str, str, float, float, float, str]] = []
+    load = [os.getloadavg()[0]]
     try:
-        for name, rounds in (("W1", 1), ("W2", 1 if args.quick else 2)):
+        for name in args.workloads.split(","):
             wl = generate(name)
             steps, n_eps = wl.spec.steps_per_episode, wl.spec.episodes
             image = name == "W2"
             space = make_space(image)
             data = wl.data
-            eps = episodes_of(n_eps, steps, rounds)
-            ref = ray.put(data)
-            collectors = [Collector.remote(ref) for _ in range(2)]
-            ray.get([c.ready.remote() for c in collectors], timeout=120)
-            configs: List[Tuple[str, int, int, bool]] = [("ray 1 coll.", 1, 1, False), ("ray 2 coll.", 2, 1, False)]
-            if not image:
-                configs += [("ray 2 coll. 8 eps/call", 2, 8, False), ("ray 2 coll. shards of 8", 2, 8, True)]
-            times: Dict[str, List[float]] = {k: [] for k in ["lib", "batch"] + [c[0] for c in configs]}
-            for r in range(args.repeats):
-                times["lib"].append(inprocess_lib(root, space, data, eps, steps))
-                times["batch"].append(inprocess_batch(root, space, data, eps, steps))
-                for label, n_coll, per_call, shards in configs:
-                    times[label].append(ray_collect(ray, root, space, collectors[:n_coll], eps, steps, per_call, shards))
-            lib, batch = statistics.median(times["lib"]), statistics.median(times["batch"])
-            n_steps = len(eps) * steps
-            rows.append((name, "collect in-process (lib)", lib / n_steps * 1e6, 1.0, batch / lib, ""))
-            rows.append((name, "collect in-process (batch)", batch / n_steps * 1e6, lib / batch, 1.0, ""))
-            for label, n_coll, per_call, _ in configs:
-                t = statistics.median(times[label])
-                target = ""
-                if label == "ray 2 coll.":
-                    target = ">= 1.2x" if image else ">= 0.5x"
-                if label == "ray 2 coll. 8 eps/call":
-                    target = ">= 0.5x"
-                rows.append((name, f"collect {label}", t / n_steps * 1e6, lib / t, batch / t, target))
-            for c in collectors:
-                ray.kill(c)
-            del ref
-            calls = (60 if image else 3000) // (3 if args.quick else 1)
-            ours, lim = sampling(ray, root, space, data, steps, n_eps, calls, args.repeats)
-            rows.append((name, "sample(256) in-process", lim * 1e6, 1.0, 1.0, ""))
-            rows.append((name, "sample(256) ray prefetch 2", ours * 1e6, lim / ours, lim / ours, ">= 0.5x"))
+            if "collect" in parts:
+                rows += collect_rows(ray, Collector, root, name, space, data, steps, n_eps, image, args)
+                load.append(os.getloadavg()[0])
+            if "sample" in parts:
+                calls = (60 if image else 3000) // (3 if args.quick else 1)
+                t = sampling(ray, root, space, data, steps, n_eps, calls, args.repeats)
+                lim = t["in-process"]
+                rows.append((name, "sample(256) in-process", lim * 1e6, 1.0, 1.0, ""))
+                rows.append((name, "sample(256) local sampler", t["local"] * 1e6, lim / t["local"], lim / t["local"],
+                             ">= 0.5x"))
+                rows.append((name, "sample(256) remote, prefetch 2", t["remote"] * 1e6, lim / t["remote"],
+                             lim / t["remote"], "(other nodes)"))
+                load.append(os.getloadavg()[0])
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -254,7 +254,46 @@ def main() -> int:
         print(f"{wl_name:3s} {what:36s} {us:14.2f} {vs_lib:7.2f}x {vs_batch:8.2f}x  {target}")
     print("vs lib / vs batch = throughput of the row / throughput of the in-process (lib) / (batch) path, medians of "
           f"{args.repeats} interleaved repeats in this run; collect rows are us per step, sample rows us per batch.")
+    print("1-min load average during the run: " + ", ".join(f"{x:.1f}" for x in load))
     return 0
+
+
+def collect_rows(ray: Any, Collector: Any, root: str, name: str, space: DictSpace, data: Dict[str, np.ndarray],
+                 steps: int, n_eps: int, image: bool, args: Any) -> List[Tuple[str, str, float, float, float, str]]:
+    """The collect rows of one workload: in-process (lib, batch) and the Ray configurations, interleaved."""
+    rounds = 1 if not image or args.quick else 2
+    eps = episodes_of(n_eps, steps, rounds)
+    ref = ray.put(data)
+    collectors = [Collector.remote(ref) for _ in range(2)]
+    ray.get([c.ready.remote() for c in collectors], timeout=120)
+    configs: List[Tuple[str, int, int, bool, str]] = [
+        ("ray 1 coll.", 1, 1, False, "auto"), ("ray 2 coll.", 2, 1, False, "auto"),
+        ("ray 2 coll. object store", 2, 1, False, "object_store")]
+    if not image:
+        configs += [("ray 2 coll. 8 eps/call", 2, 8, False, "auto"), ("ray 2 coll. shards of 8", 2, 8, True, "auto")]
+    times: Dict[str, List[float]] = {k: [] for k in ["lib", "batch"] + [c[0] for c in configs]}
+    for r in range(args.repeats):
+        times["lib"].append(inprocess_lib(root, space, data, eps, steps))
+        times["batch"].append(inprocess_batch(root, space, data, eps, steps))
+        for label, n_coll, per_call, shards, transport in configs:
+            times[label].append(ray_collect(ray, root, space, collectors[:n_coll], eps, steps, per_call, shards,
+                                            transport))
+    for c in collectors:
+        ray.kill(c)
+    del ref
+    lib, batch = statistics.median(times["lib"]), statistics.median(times["batch"])
+    n_steps = len(eps) * steps
+    rows = [(name, "collect in-process (lib)", lib / n_steps * 1e6, 1.0, batch / lib, ""),
+            (name, "collect in-process (batch)", batch / n_steps * 1e6, lib / batch, 1.0, "")]
+    for label, _n, _per_call, _shards, _transport in configs:
+        t = statistics.median(times[label])
+        target = ""
+        if label == "ray 2 coll.":
+            target = ">= 1.2x" if image else ">= 0.5x"
+        if label == "ray 2 coll. 8 eps/call":
+            target = ">= 0.5x"
+        rows.append((name, f"collect {label}", t / n_steps * 1e6, lib / t, batch / t, target))
+    return rows
 
 
 if __name__ == "__main__":

@@ -326,3 +326,90 @@ def test_service_listens_on_loopback_only(ray_cluster: Any, service: Any) -> Non
 
     service.commit(episode(0, 2))
     assert non_loopback_listeners() == []
+
+
+def test_concurrent_commits_share_dumps_and_stay_durable(ray_cluster: Any, service: Any) -> None:
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def collect(client: Any, first: int, n_episodes: int) -> int:
+        refs = [client.commit_async(episode(e, 2 + e % 5)) for e in range(first, first + n_episodes)]
+        client.get(refs)                                   # every call returned: its episode is durable
+        return sum(2 + e % 5 for e in range(first, first + n_episodes))
+
+    rows = sum(ray.get([collect.remote(service, 100 * i, 12) for i in range(4)], timeout=TIMEOUT))
+    info = service.info()
+    assert info["commits"] == 48 and info["length"] == rows
+    assert info["dumps"] < info["commits"]                 # calls that arrived together shared a dump
+    kill_and_wait_restart(ray, service)                    # nothing acknowledged is lost
+    segs = service.segments()
+    assert len(service) == rows and len(segs) == 48
+    data = service.read(0, rows)
+    found = set()
+    for s, e in segs:
+        eid = int(data["obs"][s, 0])
+        assert_same({k: v[s:e] for k, v in data.items()}, episode(eid, 2 + eid % 5))
+        found.add(eid)
+    assert found == {100 * i + e for i in range(4) for e in range(12)}
+
+
+def test_collectors_on_the_actors_node_use_shared_memory_slabs(ray_cluster: Any, service: Any) -> None:
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def collect(client: Any, transport: str, eids: List[int], lengths: List[int]) -> Dict[str, Any]:
+        builder = client.episode_builder(episodes_per_call=2, max_in_flight=1, transport=transport)
+        for eid, n in zip(eids, lengths):
+            for step in steps_of(episode(eid, n)):
+                builder.append(step)
+            builder.end_episode()
+        builder.flush()
+        slabs = [] if builder._pool is None else [s.path for s in builder._pool._all]
+        alive = [os.path.exists(p) for p in slabs]
+        builder.close()
+        return {"transport": builder.transport, "rows": builder.committed_rows, "slabs": slabs, "alive": alive,
+                "after_close": [os.path.exists(p) for p in slabs]}
+
+    lengths = [3, 300, 7, 1, 9]                            # 300 > the builder's first 256 rows: a bigger slab
+    shm = ray.get(collect.remote(service, "auto", [0, 1, 2, 3, 4], lengths), timeout=TIMEOUT)
+    assert shm["transport"] == "shared_memory" and shm["rows"] == sum(lengths)
+    assert shm["slabs"] and all(shm["alive"]) and not any(shm["after_close"])   # closed: files removed
+    plain = ray.get(collect.remote(service, "object_store", [5, 6], [4, 2]), timeout=TIMEOUT)
+    assert plain["transport"] == "object_store" and not plain["slabs"]
+    segs = service.segments()
+    data = service.read(0, len(service))
+    got = {int(data["obs"][s, 0]): {k: v[s:e] for k, v in data.items()} for s, e in segs}
+    for eid, n in zip(range(7), lengths + [4, 2]):
+        assert_same(got[eid], episode(eid, n))             # byte-identical through either transport
+    with pytest.raises(ray.exceptions.RayTaskError, match="not a slab file"):
+        service.get(service.actor.commit_slabs.remote([("/etc/passwd", 4, 2)]))
+    with pytest.raises(ValueError, match="transport must be one of"):
+        service.episode_builder(transport="carrier pigeon")
+
+
+def test_slabs_of_dead_collectors_are_removed(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from unienv_data.integrations.ray._slabs import SLAB_PREFIX, SlabCache, SlabPool, slab_dir
+
+    directory = slab_dir()
+    if directory is None:
+        pytest.skip("no /dev/shm on this machine")
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    dead = os.path.join(directory, f"{SLAB_PREFIX}{int(child.stdout)}-test")
+    with open(dead, "wb") as f:
+        f.write(b"x" * 64)
+    pool = SlabPool([(2,)], [np.dtype(np.float32)], directory)
+    mine = pool.take(8)
+    mine.arrays[0][:] = 1.5
+    cache = SlabCache([(2,)], [np.dtype(np.float32)])        # collects dead collectors' files when it starts
+    assert not os.path.exists(dead) and os.path.exists(mine.path)
+    assert (cache.leaves(mine.path, 8, 3)[0] == 1.5).all()
+    with pytest.raises(ValueError, match="length 9"):
+        cache.leaves(mine.path, 8, 9)
+    pool.close()
+    assert not os.path.exists(mine.path)
+    cache.collect_dead()                                      # unmaps slabs whose file is gone
+    assert not cache._maps

@@ -23,6 +23,7 @@ _EXPORTS: Dict[str, str] = {
     "connect_buffer_service": "service",
     "start_buffer_service": "service",
     "write_shard": "service",
+    "LocalSampler": "local_sampler",
     "Episode": "episodes",
     "EpisodeBuilder": "episodes",
     "EpisodeLayout": "episodes",

@@ -1,15 +1,20 @@
 """What runs inside the buffer-service actor: a disk-backed `ReplayBuffer` opened from (or created in) a directory.
 
-Ray-free on purpose: `service.py` wraps `BufferActor` with ``ray.remote`` at run time. Ray runs one method at a
-time on an actor (the default, kept), so commits, adoptions and samples never interleave: a sample always sees
-whole committed episodes, and every commit is durable (`ReplayBuffer.dumps()`: data, then metadata by atomic
-rename) before it returns. When Ray restarts the actor after a crash it calls ``__init__`` again with the same
-arguments, which finds the directory's buffer and reopens it with every committed episode.
+Ray-free on purpose: `service.py` wraps `BufferActor` with ``ray.remote`` at run time, as a threaded actor (several
+calls at once). One lock guards every use of the buffer, so commits, adoptions and samples never interleave: a
+sample always sees whole committed episodes. Commits that arrive together share one durable point (group commit,
+`BufferActor._make_durable`); each returns only once its episodes are durable (`ReplayBuffer.dumps()`: data,
+then metadata by atomic rename). After every durable point the actor publishes which episodes are committed in
+the directory's view file (`_view`), which `LocalSampler` reads. When Ray restarts the actor after a crash it calls
+``__init__`` again with the same arguments, which finds the directory's buffer and reopens it with every committed
+episode.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -20,6 +25,8 @@ from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._slabs import SlabCache
+from ._view import ViewWriter
 from .episodes import Episode, EpisodeLayout, commit_episodes
 
 #: How the service lays out a new buffer: "native" (a DictStorage keeping each leaf in its own dtype, images in
@@ -98,12 +105,28 @@ def _contiguous(value: Any) -> Any:
 
 
 class BufferActor:
-    """The service's state: one writable `ReplayBuffer` in `directory` (see the module docstring)."""
+    """The service's state: one writable `ReplayBuffer` in `directory` (see the module docstring).
+
+    Ray may run several calls at once on it (a threaded actor): every use of the buffer holds one lock, and commits
+    share their durable points (group commit): a commit writes its episodes under the lock, then waits until a dump
+    that started after its write has finished; while one call dumps, the calls queued behind it write, and the next
+    dump makes all of them durable at once. Every call still returns only once its episodes are durable."""
 
     def __init__(self, directory: str, space_json: Optional[Dict[str, Any]], storage: StorageSpec,
                  capacity: Optional[int]) -> None:
         self.directory = os.path.abspath(directory)
         self.commits = 0
+        #: dumps this incarnation ran for commits (fewer than `commits` when calls shared them)
+        self.dumps = 0
+        #: seconds this incarnation spent writing committed episodes, and dumping them
+        self.write_s = 0.0
+        self.dump_s = 0.0
+        self._lock = threading.RLock()           # every use of the buffer
+        self._dump_lock = threading.Lock()       # one dumper at a time; the others wait for its dump
+        self._slab_lock = threading.Lock()       # the slab cache
+        self._slabs: Optional[SlabCache] = None  # slabs of collectors on this node, mapped on first use
+        self._written = 0                        # commit calls whose rows are written ...
+        self._durable = 0                        # ... and those a finished dump covered
         # An exception in an actor's constructor surfaces in Ray as a bare "actor died"; keep it and raise it from
         # every call instead, so the caller sees the ValueError / FileExistsError that says what is wrong.
         self.open_error: Optional[BaseException] = None
@@ -114,6 +137,11 @@ class BufferActor:
             return
         self.space_json = space_to_json(self._buffer.single_space)
         self.layout = EpisodeLayout(self._buffer.single_space)
+        # the view local samplers read (see _view): absolute row numbers continue those of an earlier incarnation
+        buffer = self._buffer
+        self._view = ViewWriter(self.directory)
+        tail = self._view.start(len(buffer), buffer.offset, buffer.capacity, buffer.get_segments() or [])
+        self._abs_base = tail - buffer.total_written
 
     @property
     def buffer(self) -> ReplayBuffer:
@@ -122,49 +150,143 @@ class BufferActor:
             raise self.open_error
         return self._buffer
 
+    def _tail(self) -> int:
+        """Absolute number of the next row written at the tail."""
+        return self._abs_base + self.buffer.total_written
+
+    def _write(self, episodes: Sequence[Episode]) -> int:
+        """Writes `episodes` at the tail (announcing the rows they overwrite first), then returns their rows once a
+        dump covers them. An episode the storage refuses raises after the ones before it are durable."""
+        buffer = self.buffer
+        error: Optional[BaseException] = None
+        rows = 0
+        with self._lock:
+            t0 = time.perf_counter()
+            self._view.reserve(self._tail() + sum(e.length for e in episodes))
+            try:
+                rows = commit_episodes(buffer, episodes, durable=False)
+            except BaseException as exc:         # the episodes before it stay committed: make them durable too
+                error = exc
+            self._written += 1
+            ticket = self._written
+            self.write_s += time.perf_counter() - t0
+        self._make_durable(ticket)
+        if error is not None:
+            raise error
+        return rows
+
+    def _make_durable(self, ticket: int) -> None:
+        """Returns once a dump that started after write `ticket` finished (running one if none did)."""
+        with self._dump_lock:
+            if self._durable >= ticket:
+                return                           # a dump that began after this write covered it
+            with self._lock:
+                t0 = time.perf_counter()
+                upto = self._written
+                buffer = self.buffer
+                buffer.dumps()                   # data, then metadata by atomic rename
+                self._view.publish(self._tail(), len(buffer), buffer.capacity, buffer.get_segments() or [])
+                self.dumps += 1
+                self.dump_s += time.perf_counter() - t0
+            self._durable = upto
+
+    def _settled(self) -> None:
+        """Makes every written commit durable before a read, so reads never show an episode a crash could lose."""
+        if self._written > self._durable:
+            self._make_durable(self._written)
+
     # ------------------------------------------------------------------ facts
     def info(self) -> Dict[str, Any]:
-        """Length, capacity, segment count, space (JSON), whether this incarnation reopened the directory, pid."""
-        buffer = self.buffer
-        segs = buffer.get_segments()
-        return {"length": len(buffer), "capacity": buffer.capacity, "directory": self.directory,
-                "segments": None if segs is None else len(segs), "space": self.space_json,
-                "reopened": self.reopened, "pid": os.getpid(), "commits": self.commits}
+        """Length, capacity, segment count, space (JSON), whether this incarnation reopened the directory, pid,
+        commit calls, the dumps they shared, seconds spent writing episodes (`write_s`) and dumping (`dump_s`)."""
+        _ = self.buffer
+        self._settled()
+        with self._lock:
+            buffer = self.buffer
+            segs = buffer.get_segments()
+            return {"length": len(buffer), "capacity": buffer.capacity, "directory": self.directory,
+                    "segments": None if segs is None else len(segs), "space": self.space_json,
+                    "reopened": self.reopened, "pid": os.getpid(), "commits": self.commits, "dumps": self.dumps,
+                    "write_s": self.write_s, "dump_s": self.dump_s}
 
     def length(self) -> int:
         """Rows in the buffer."""
-        return len(self.buffer)
+        _ = self.buffer
+        self._settled()
+        with self._lock:
+            return len(self.buffer)
 
     def segments(self) -> Optional[List[Tuple[int, int]]]:
         """The buffer's logical `(start, end)` episode ranges, oldest first."""
-        return self.buffer.get_segments()
+        _ = self.buffer
+        self._settled()
+        with self._lock:
+            return self.buffer.get_segments()
 
     def read(self, start: int, stop: int) -> Any:
         """Logical rows `[start, stop)` (a copy, NumPy arrays in the space's structure)."""
-        return _contiguous(self.buffer.get_at(slice(int(start), int(stop))))
+        _ = self.buffer
+        self._settled()
+        with self._lock:
+            return _contiguous(self.buffer.get_at(slice(int(start), int(stop))))
 
     # ------------------------------------------------------------------ writes
     def commit(self, episodes: Sequence[Tuple[Any, int]]) -> int:
-        """Checks and writes `(data, length)` episodes at the tail, dumps the buffer once, returns its length.
+        """Checks and writes `(data, length)` episodes at the tail; returns the buffer's length once they are
+        durable (one dump for the call, or shared with calls that came at the same time).
 
         Every episode is checked (keys, shapes, dtypes, bounds) before any is written, so a refused batch changes
         nothing."""
-        buffer = self.buffer
+        _ = self.buffer                          # raises what opening it raised
         checked: List[Episode] = []
         for i, (data, length) in enumerate(episodes):
             leaves, n = self.layout.check_batch(data, f"episode {i} of the commit")
             if n != int(length) or n == 0:
                 raise ValueError(f"episode {i} of the commit: declared {length} steps, holds {n}")
             checked.append(Episode(self.layout.assemble(leaves), n))
-        commit_episodes(buffer, checked, durable=True)
-        self.commits += 1
-        return len(buffer)
+        self._write(checked)
+        with self._lock:
+            self.commits += 1
+            return len(self.buffer)
+
+    def commit_slabs(self, items: Sequence[Tuple[str, int, int]]) -> int:
+        """`commit` for episodes a collector on this node built in shared-memory slabs (`_slabs`): each item is
+        ``(slab path, slab rows, episode length)``; the rows are checked like any commit and copied into the buffer
+        before this returns (the collector reuses the slab afterwards)."""
+        _ = self.buffer
+        checked: List[Episode] = []
+        with self._slab_lock:
+            if self._slabs is None:
+                self._slabs = SlabCache(self.layout.shapes, self.layout.dtypes)
+            for i, (path, rows, length) in enumerate(items):
+                data = self.layout.assemble(self._slabs.leaves(path, rows, length))
+                leaves, n = self.layout.check_batch(data, f"episode {i} of the commit")
+                checked.append(Episode(self.layout.assemble(leaves), n))
+        self._write(checked)
+        with self._lock:
+            self.commits += 1
+            return len(self.buffer)
+
+    def forget_slabs(self, paths: Sequence[str]) -> None:
+        """Unmaps slabs their collector closed."""
+        with self._slab_lock:
+            if self._slabs is not None:
+                self._slabs.forget(paths)
+
+    def node_id(self) -> Optional[str]:
+        """The Ray node this actor runs on (None outside Ray): collectors on the same node use slabs."""
+        try:
+            import ray
+
+            return str(ray.get_runtime_context().get_node_id())
+        except Exception:       # not inside Ray
+            return None
 
     def adopt(self, path: str, remove: bool = False) -> Tuple[int, int]:
         """Copies every episode (segment) of the buffer directory `path` to the tail, dumps once; returns
         `(episodes, rows)`. The shard must store the same space; with `remove` its directory is deleted after the
         adopted episodes are durable here."""
-        buffer = self.buffer
+        _ = self.buffer
         shard = ReplayBuffer.load_from(path, backend=NumpyComputeBackend, read_only=True)
         try:
             if space_to_json(shard.single_space) != self.space_json:
@@ -178,8 +300,9 @@ class BufferActor:
                 episodes = [Episode(_tree_index(rows, slice(s - lo, e - lo)), e - s) for s, e in segs]
         finally:
             shard.close()
-        written = commit_episodes(buffer, episodes, durable=True)
-        self.commits += 1
+        written = self._write(episodes)
+        with self._lock:
+            self.commits += 1
         if remove:
             shutil.rmtree(path, ignore_errors=True)
         return len(episodes), written
@@ -188,20 +311,26 @@ class BufferActor:
     def sample(self, batch_size: int, n_batches: int, seed: Optional[Sequence[int]]) -> Any:
         """`n_batches * batch_size` rows drawn uniformly (with replacement) from the whole buffer with one gather
         per array; the client cuts them into `n_batches` batches."""
-        n = len(self.buffer)
-        if n == 0:
-            raise ValueError("sample: the buffer is empty; commit an episode first")
         rng = np.random.default_rng(None if seed is None else list(seed))
-        index = rng.integers(0, n, size=int(batch_size) * int(n_batches), dtype=np.int64)
-        return _contiguous(self.buffer.get_at(index))
+        _ = self.buffer
+        self._settled()
+        with self._lock:
+            n = len(self.buffer)
+            if n == 0:
+                raise ValueError("sample: the buffer is empty; commit an episode first")
+            index = rng.integers(0, n, size=int(batch_size) * int(n_batches), dtype=np.int64)
+            return _contiguous(self.buffer.get_at(index))
 
     def flush(self) -> None:
         """Dumps the buffer (every commit already did)."""
-        self.buffer.dumps()
+        with self._lock:
+            self.buffer.dumps()
 
     def close(self) -> int:
         """Dumps and closes the buffer; returns its final length. The actor is useless afterwards."""
-        n = len(self.buffer)
-        self.buffer.dumps()
-        self.buffer.close()
-        return n
+        with self._lock:
+            n = len(self.buffer)
+            self.buffer.dumps()
+            self.buffer.close()
+            self._view.close()
+            return n

@@ -129,6 +129,8 @@ class Episode:
     length: int
     #: caller-chosen tag kept with the episode until it is committed (not stored in the buffer)
     info: Dict[str, Any] = field(default_factory=dict)
+    #: the shared-memory slab holding `data` when a builder with a slab pool made it (the service's transport)
+    slab: Any = field(default=None, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -158,20 +160,31 @@ class EpisodeBuilder:
     `append(step)` checks the step's keys, shapes and dtypes (the library's cast rules) and copies each leaf into
     a preallocated row; `finish()` checks the bounds of the whole episode in one pass per leaf and returns the
     `Episode` (the arrays are handed over: the builder starts a fresh episode). A step that is refused leaves the
-    episode as it was. `abort()` drops the episode being built.
+    episode as it was. `abort()` drops the episode being built. With a `pool` (the service's shared-memory slabs)
+    the arrays live in slabs taken from it, and each finished episode carries its slab (`Episode.slab`).
     """
 
-    def __init__(self, layout: EpisodeLayout, initial_steps: int = 256) -> None:
+    def __init__(self, layout: EpisodeLayout, initial_steps: int = 256, pool: Any = None) -> None:
         if initial_steps < 1:
             raise ValueError(f"initial_steps must be >= 1, got {initial_steps}")
         self.layout = layout
         self._initial = int(initial_steps)
+        #: where the arrays come from: None (NumPy allocations) or a slab pool (`_slabs.SlabPool`: `take(rows)`
+        #: gives a slab whose `arrays` hold `rows` rows per leaf, `give(slab)` takes one back)
+        self.pool = pool
+        self._slab: Any = None
         self._bufs: List[np.ndarray] = []
         self._n = 0
         self._reset(self._initial)
 
+    def _alloc(self, rows: int) -> List[np.ndarray]:
+        if self.pool is None:
+            return [np.empty((rows,) + s, dtype=d) for s, d in zip(self.layout.shapes, self.layout.dtypes)]
+        self._slab = self.pool.take(rows)
+        return list(self._slab.arrays)
+
     def _reset(self, rows: int) -> None:
-        self._bufs = [np.empty((rows,) + s, dtype=d) for s, d in zip(self.layout.shapes, self.layout.dtypes)]
+        self._bufs = self._alloc(rows)
         self._n = 0
 
     def __len__(self) -> int:
@@ -198,10 +211,13 @@ class EpisodeBuilder:
 
     def _grow(self) -> None:
         rows = max(1, self._bufs[0].shape[0]) * 2
-        new = [np.empty((rows,) + b.shape[1:], dtype=b.dtype) for b in self._bufs]
+        old_slab = self._slab
+        new = self._alloc(rows)
         for dst, src in zip(new, self._bufs):
             dst[:self._n] = src[:self._n]
         self._bufs = new
+        if old_slab is not None:
+            self.pool.give(old_slab)
 
     def finish(self, info: Optional[Dict[str, Any]] = None) -> Episode:
         """The finished episode (bounds checked now: ValueError naming the leaf and position); the builder is
@@ -212,8 +228,8 @@ class EpisodeBuilder:
         leaves = [b[:n] for b in self._bufs]
         for conv, arr in zip(self.layout.converters, leaves):
             conv.check_bounds(arr)
-        episode = Episode(self.layout.assemble(leaves), n, dict(info or {}))
-        self._reset(max(self._initial, n))
+        episode = Episode(self.layout.assemble(leaves), n, dict(info or {}), self._slab)
+        self._reset(max(self._initial, n))      # the episode keeps its slab until its commit returns
         return episode
 
     def abort(self) -> None:

@@ -6,26 +6,34 @@
 * A `BufferClient` is small and picklable: pass it to collector and learner tasks / actors.
 * Collectors: `client.episode_builder()` builds each episode locally in NumPy arrays (steps checked as they come)
   and commits whole episodes, one remote call for `episodes_per_call` of them. Nothing of an episode reaches the
-  buffer before its commit, so a collector killed mid-episode leaves only whole episodes behind.
+  buffer before its commit, so a collector killed mid-episode leaves only whole episodes behind. On the actor's
+  node the arrays live in shared-memory slabs (`_slabs`) and a call carries only their names.
   `client.commit(...)` commits ready-made episode batches; `client.adopt(path)` takes in a whole shard directory
   written locally (`write_shard`) in one call.
-* Learners: `client.sample(batch_size)` returns batches of NumPy arrays; behind it a `RemoteSampler` keeps
-  `prefetch` requests in flight, each bringing back many batches gathered in one call by the actor.
+* Learners: `client.local_sampler(batch_size)` (the actor's node or a shared filesystem) reads the buffer directory
+  in the learner's process (`local_sampler.LocalSampler`); from anywhere, `client.sample(batch_size)` returns
+  batches of NumPy arrays through a `RemoteSampler` that keeps `prefetch` requests in flight, each bringing back
+  many batches gathered in one call by the actor.
 
-A call returns once its episodes are durable (data, then metadata by atomic rename). Ray is imported only when a
-function needs it, so importing this module does not bind Ray before `init_local_cluster` sets its environment.
+A call returns once its episodes are durable (data, then metadata by atomic rename; calls that arrive together
+share one dump). Ray is imported only when a function needs it, so importing this module does not bind Ray before
+`init_local_cluster` sets its environment.
 """
 from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
 from ._actor import BufferActor, StorageSpec, numpy_space
+from ._slabs import SlabPool, slab_dir
 from .episodes import Episode, EpisodeBuilder, EpisodeLayout, episode_from_batch
+
+if TYPE_CHECKING:
+    from .local_sampler import LocalSampler
 
 #: Seconds every wait on the service gives up after (a `TimeoutError`), unless the client is told otherwise.
 DEFAULT_TIMEOUT_S = 120.0
@@ -82,7 +90,9 @@ def start_buffer_service(directory: str, space: Optional[Space] = None, *, capac
     if space is not None and not isinstance(space, Space):
         raise TypeError(f"space must be a Space, got {type(space).__name__}")
     space_json = None if space is None else space_to_json(space)
-    options: Dict[str, Any] = {"num_cpus": 0, "max_restarts": int(max_restarts), "max_task_retries": 0}
+    # threaded: commits queued at the same time share one durable point (see BufferActor)
+    options: Dict[str, Any] = {"num_cpus": 0, "max_restarts": int(max_restarts), "max_task_retries": 0,
+                               "max_concurrency": 8}
     if name is not None:
         options["name"] = name
     if namespace is not None:
@@ -131,6 +141,7 @@ class BufferClient:
         self._space: Optional[Space] = None
         self._layout: Optional[EpisodeLayout] = None
         self._samplers: Dict[int, RemoteSampler] = {}
+        self._node_id: Optional[str] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"actor": self.actor, "space_json": self.space_json, "timeout_s": self.timeout_s,
@@ -176,9 +187,18 @@ class BufferClient:
         return self.get(self.actor.read.remote(int(start), int(stop)))
 
     # ------------------------------------------------------------------ writes
-    def episode_builder(self, episodes_per_call: int = 1, max_in_flight: int = 0) -> "RemoteEpisodeBuilder":
-        """A local builder whose finished episodes go to the service `episodes_per_call` per remote call."""
-        return RemoteEpisodeBuilder(self, episodes_per_call=episodes_per_call, max_in_flight=max_in_flight)
+    def episode_builder(self, episodes_per_call: int = 1, max_in_flight: int = 0,
+                        transport: str = "auto") -> "RemoteEpisodeBuilder":
+        """A local builder whose finished episodes go to the service `episodes_per_call` per remote call (see
+        `RemoteEpisodeBuilder` for `transport`)."""
+        return RemoteEpisodeBuilder(self, episodes_per_call=episodes_per_call, max_in_flight=max_in_flight,
+                                    transport=transport)
+
+    def node_id(self) -> Optional[str]:
+        """The Ray node the service's actor runs on (asked once per client)."""
+        if self._node_id is None:
+            self._node_id = self.get(self.actor.node_id.remote())
+        return self._node_id
 
     def _episodes(self, episodes: Any) -> List[Episode]:
         if isinstance(episodes, Episode):
@@ -210,6 +230,17 @@ class BufferClient:
         """A new `RemoteSampler` of `batch_size` rows (prefetch defaults to the client's)."""
         return RemoteSampler(self, batch_size, prefetch=self.prefetch if prefetch is None else prefetch,
                              batches_per_call=batches_per_call, seed=seed)
+
+    def local_sampler(self, batch_size: int, *, seed: Optional[int] = None,
+                      directory: Optional[str] = None) -> "LocalSampler":
+        """A `LocalSampler`: batches gathered in this process from the buffer directory (read-only, memory-mapped),
+        for learners on the actor's node or on a shared filesystem; as fast as an in-process sampler, no remote
+        call per batch. `directory` is where this process sees the buffer (default: the actor's path).
+        ``FileNotFoundError`` when it is not visible here: use `sampler` from other nodes."""
+        from .local_sampler import LocalSampler
+
+        path = self.info()["directory"] if directory is None else os.fspath(directory)
+        return LocalSampler(path, batch_size, seed=seed, timeout_s=self.timeout_s)
 
     def sample(self, batch_size: int) -> Any:
         """A batch of `batch_size` uniformly drawn rows (NumPy arrays, read-only) from a sampler this client keeps
@@ -243,25 +274,48 @@ class BufferClient:
 class RemoteEpisodeBuilder:
     """Builds episodes locally and commits them to the service (made by `BufferClient.episode_builder`).
 
-    `append(step)` checks the step and copies it into local NumPy arrays (no remote call). `end_episode()` finishes
-    the episode (bounds checked) and queues it; every `episodes_per_call` queued episodes go to the service in one
-    call. With `max_in_flight=0` that call is waited for, so when `end_episode()` returns after sending, the episodes
-    are durable; with `max_in_flight=k > 0` up to `k` calls stay outstanding while the collector goes on (the
-    oldest is waited for first). `flush()` sends what is queued and waits for everything. Episodes that are queued or
-    in flight when the collector dies are lost as wholes; none is ever partly in the buffer.
+    `append(step)` checks the step and copies it into local arrays (no remote call). `end_episode()` finishes the
+    episode (bounds checked) and queues it; every `episodes_per_call` queued episodes go to the service in one call.
+    With `max_in_flight=0` that call is waited for, so when `end_episode()` returns after sending, the episodes are
+    durable; with `max_in_flight=k > 0` up to `k` calls stay outstanding while the collector builds the next
+    episodes (the oldest is waited for first). `flush()` sends what is queued and waits for everything. Episodes
+    that are queued or in flight when the collector dies are lost as wholes; none is ever partly in the buffer.
+
+    `transport`: how episodes reach the actor. ``"object_store"``: as NumPy arrays in the call (Ray's object
+    store; works from any node). ``"shared_memory"``: the builder's arrays live in shared-memory slabs (`_slabs`)
+    and a call carries only their names; the actor copies the rows straight from them, which spares the collector
+    the serialization and the copy into the object store (needs the actor's node). ``"auto"`` (default): shared
+    memory when this process runs on the actor's node, else the object store.
     """
 
-    def __init__(self, client: BufferClient, episodes_per_call: int = 1, max_in_flight: int = 0) -> None:
+    TRANSPORTS = ("auto", "object_store", "shared_memory")
+
+    def __init__(self, client: BufferClient, episodes_per_call: int = 1, max_in_flight: int = 0,
+                 transport: str = "auto") -> None:
         if episodes_per_call < 1:
             raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, got {max_in_flight}")
+        if transport not in self.TRANSPORTS:
+            raise ValueError(f"transport must be one of {self.TRANSPORTS}, got {transport!r}")
         self.client = client
         self.episodes_per_call = int(episodes_per_call)
         self.max_in_flight = int(max_in_flight)
-        self._builder = EpisodeBuilder(client.layout)
+        self._pool: Optional[SlabPool] = None
+        if transport != "object_store":
+            directory = slab_dir()
+            here = str(_ray().get_runtime_context().get_node_id())
+            same_node = directory is not None and client.node_id() == here
+            if transport == "shared_memory" and not same_node:
+                raise ValueError("transport='shared_memory' needs the collector on the actor's node with a writable "
+                                 "/dev/shm; use 'auto' or 'object_store'")
+            if same_node and directory is not None:
+                self._pool = SlabPool(client.layout.shapes, client.layout.dtypes, directory)
+        #: the transport in use: "shared_memory" or "object_store"
+        self.transport = "object_store" if self._pool is None else "shared_memory"
+        self._builder = EpisodeBuilder(client.layout, pool=self._pool)
         self._queued: List[Episode] = []
-        self._in_flight: Deque[Tuple[Any, int, int]] = collections.deque()
+        self._in_flight: Deque[Tuple[Any, int, int, List[Any]]] = collections.deque()
         #: episodes and rows the service has acknowledged as durable
         self.committed_episodes = 0
         self.committed_rows = 0
@@ -288,17 +342,35 @@ class RemoteEpisodeBuilder:
         if not self._queued:
             return
         episodes, self._queued = self._queued, []
-        ref = self.client.actor.commit.remote([(e.data, e.length) for e in episodes])
-        self._in_flight.append((ref, len(episodes), sum(e.length for e in episodes)))
+        actor = self.client.actor
+        slabs = [e.slab for e in episodes if e.slab is not None]
+        if slabs:
+            ref = actor.commit_slabs.remote([(e.slab.path, e.slab.rows, e.length) for e in episodes])
+        else:
+            ref = actor.commit.remote([(e.data, e.length) for e in episodes])
+        self._in_flight.append((ref, len(episodes), sum(e.length for e in episodes), slabs))
         while len(self._in_flight) > self.max_in_flight:
             self._wait_oldest()
 
     def _wait_oldest(self) -> None:
-        ref, n_eps, rows = self._in_flight[0]
-        self.client.get(ref)
+        ref, n_eps, rows, slabs = self._in_flight[0]
+        try:
+            self.client.get(ref)
+        except TimeoutError:
+            raise                   # the call may still read its slabs: they stay out of the pool
+        except BaseException:
+            self._in_flight.popleft()
+            self._give_back(slabs)  # the call ended (failed): its slabs are free again
+            raise
         self._in_flight.popleft()
+        self._give_back(slabs)
         self.committed_episodes += n_eps
         self.committed_rows += rows
+
+    def _give_back(self, slabs: List[Any]) -> None:
+        if self._pool is not None:
+            for slab in slabs:
+                self._pool.give(slab)
 
     @property
     def queued_episodes(self) -> int:
@@ -310,6 +382,20 @@ class RemoteEpisodeBuilder:
         self._send()
         while self._in_flight:
             self._wait_oldest()
+
+    def close(self) -> None:
+        """`flush()`, then removes this builder's shared-memory slabs (the builder is useless afterwards)."""
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                paths = [slab.path for slab in self._pool._all]
+                self._pool.close()
+                try:
+                    self.client.actor.forget_slabs.remote(paths)
+                except Exception:   # the actor is gone: nothing maps them
+                    pass
+                self._pool = None
 
 
 def _split(block: Any, index: slice) -> Any:
@@ -382,13 +468,22 @@ class RemoteSampler:
         return self.sample()
 
     def close(self) -> None:
-        """Cancels the requests in flight and drops the current block."""
+        """Cancels the requests in flight, waits (up to the client's timeout) for those already running, and drops
+        the current block; their results and errors are discarded."""
         ray = _ray()
-        for ref, _ in self._pending:
+        refs = [ref for ref, _ in self._pending]
+        for ref in refs:
             try:
                 ray.cancel(ref)
             except Exception:       # already finished or the actor is gone: nothing to cancel
                 pass
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.client.timeout_s)
+            for ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:   # cancelled, or the buffer closed under it: nobody wants this block
+                    pass
         self._pending.clear()
         self._block = None
 

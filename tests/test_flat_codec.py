@@ -8,6 +8,7 @@ Plus the plumbing: close / pickle / subclasses / non-dict mappings / slice reads
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -17,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unienv_data.base.errors import StorageClosedError  # noqa: E402
-from unienv_data.storages.flattened import FlattenedStorage  # noqa: E402
+from unienv_data.storages.flattened import FlattenedStorage, FlattenPromotionWarning  # noqa: E402
 from unienv_data.storages.numpy_memmap import NumpyMemmapStorage  # noqa: E402
 from unienv_data.storages.pytorch import PytorchTensorStorage  # noqa: E402
 from unienv_interface.backends import NumpyComputeBackend as NB  # noqa: E402
@@ -123,6 +124,11 @@ def numpy_cases() -> List[Tuple[str, Dict[str, Any]]]:
     return [
         ("exact", g()),
         ("non-contiguous action", _with(g, action=np.arange(6, dtype=np.float32)[::2] / 10)),
+        ("strided float32 action", _with(g, action=np.array([0.1, 9, 0.2, 9, -0.3, 9], np.float32)[::2])),
+        ("nan first action", _with(g, action=np.array([NAN, 0.0, 0.0], np.float32))),
+        ("nan last action", _with(g, action=np.array([0.0, 0.0, NAN], np.float32))),
+        ("inf pair action", _with(g, action=np.array([-INF, 0.0, INF], np.float32))),
+        ("bound ends action", _with(g, action=np.array([1.0, -1.0, 1.0], np.float32))),
         ("0-d reward", _with(g, reward=np.array(1.5, np.float32))),
         ("float64 reward", _with(g, reward=np.float64(1.5))),
         ("float64 reward beyond float32", _with(g, reward=np.float64(1e300))),
@@ -208,6 +214,10 @@ def test_keys_and_non_dict_values() -> None:
         st.append({k: x for k, x in v.items() if k != "obs"})
     with pytest.raises(KeyError, match="unexpected key"):
         st.append({**v, "extra": torch.zeros(1)})
+    with pytest.raises(KeyError, match="missing key"):        # as many keys as the space, one of them wrong
+        st.append({**{k: x for k, x in v.items() if k != "obs"}, "obz": torch.zeros(4)})
+    with pytest.raises(KeyError, match="missing key"):
+        st._plan.pack({**{k: x for k, x in v.items() if k != "obs"}, "obz": torch.zeros(4)})
     with pytest.raises(TypeError, match="expected a dict"):
         st.append([1, 2, 3])
     assert st.pending_segment_length == 0
@@ -304,3 +314,64 @@ def test_reads_after_the_inner_storage_closed_raise() -> None:
     for index in (slice(0, 2), 1, np.array([0, 1])):
         with pytest.raises(StorageClosedError):
             st.get(index)
+
+
+def float_space() -> DictSpace:
+    """Float32 leaves and a bool on the NumPy backend: a float64 row whose batch reads cast once, then slice."""
+    return DictSpace(NB, {
+        "obs": BoxSpace(NB, -INF, INF, np.float32, shape=(5,)),
+        "grid": BoxSpace(NB, 0.0, 2.0, np.float32, shape=(2, 3)),
+        "reward": BoxSpace(NB, -INF, INF, np.float32, shape=()),
+        "done": BinarySpace(NB, ()),
+    })
+
+
+def test_batch_reads_cast_once_and_match_the_per_leaf_rule() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlattenPromotionWarning)   # the float64 row is the point here
+        st = make(float_space(), cap=12)
+    assert "cast = rows.astype" in st._plan.codec.source
+    rng = np.random.default_rng(3)
+    st.mark_segment_start(0)
+    for i in range(12):
+        st.append({"obs": rng.standard_normal(5).astype(np.float32), "grid": rng.uniform(0, 2, (2, 3)).astype(np.float32),
+                   "reward": np.float32(i) / 3, "done": np.bool_(i % 3 == 0)})
+    rows = st.get_flattened(Ellipsis)
+    plan = st._plan
+    for index in (slice(2, 9), slice(None), slice(1, 10, 3), np.array([11, 0, 4, 4]), 5):
+        got = st.get(index)
+        want_rows = rows[index]
+        lead = want_rows.shape[:-1]
+        for lf in plan.leaves:
+            part = want_rows[..., lf.start:lf.stop]
+            want = (part != 0) if lf.is_binary else part.astype(lf.leaf_np)
+            want = want.reshape(lead + lf.shape)
+            arr = got[lf.key]
+            assert arr.dtype == want.dtype and arr.shape == want.shape, (index, lf.key)
+            assert np.array_equal(arr, want), (index, lf.key)
+            assert not np.shares_memory(arr, st.inner_storage._block.data), (index, lf.key)
+
+
+def test_closing_the_inner_storage_stops_the_compiled_append() -> None:
+    inner = NumpyMemmapStorage.create(make(numpy_space()).flat_space, capacity=4)
+    st = FlattenedStorage(numpy_space(), inner, "inner_storage.memmap")
+    inner.mark_segment_start(0)
+    st.append(numpy_good())
+    inner.close()           # the appender's fast path must not write into a released block
+    with pytest.raises(StorageClosedError):
+        st.append(numpy_good())
+
+
+@pytest.mark.parametrize("space_fn, good", [(torch_space, torch_good), (numpy_space, numpy_good)], ids=["torch", "numpy"])
+def test_growable_inner_storage_grows_under_the_compiled_append(space_fn: Any, good: Any) -> None:
+    inner_cls = PytorchTensorStorage if space_fn is torch_space else NumpyMemmapStorage
+    st = FlattenedStorage.create(space_fn(), inner_cls, capacity=None)
+    st.mark_segment_start(0)
+    for _ in range(40):
+        st.append(good())
+    st.mark_segment_end()
+    assert len(st) == 40 and st.get_segments() == [(0, 39)]   # (first, last) rows
+    want = reference_row(st, good()).tobytes()
+    for i in (0, 17, 39):
+        row = st.get_flattened(i)
+        assert (row.numpy() if space_fn is torch_space else row).tobytes() == want, i

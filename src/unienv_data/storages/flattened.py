@@ -119,6 +119,10 @@ class FlattenedStorage(WrappedStorage):
         self._cache_filename = cache_filename
         self._owns_inner = False
         self._fast = isinstance(inner_storage, ArrayStorageBase)
+        #: the compiled unflattening of a batch of rows, when the inner storage is an array storage (read by `get`)
+        self._fast_unpack = plan.codec.unpack_batch if self._fast else None
+        #: it makes every leaf a new array, so it may read a view of the storage's rows
+        self._unpack_views = plan.codec.copies_all
         make_append = plan.codec.make_append
         if self._fast and make_append is not None and type(self).append is FlattenedStorage.append:
             # the per-step hot path: the plan's compiled check-and-write of one sample into the inner storage's next
@@ -223,13 +227,17 @@ class FlattenedStorage(WrappedStorage):
         The leaves of one call are views of one fresh copy of the rows (never of the storage)."""
         if self._closed:
             self._check_open()
-        unpack = self._plan.codec.unpack_batch
-        if self._fast and unpack is not None:
+        unpack = self._fast_unpack
+        if unpack is not None:
             inner: Any = self.inner_storage
-            if self._plan.codec.copies_all and type(index) is slice:
-                view = inner._slice_view(index)   # every leaf is converted into a new array: no row copy first
-                if view is not None:
-                    return unpack(view)
+            if type(index) is slice and self._unpack_views:
+                # every leaf is converted into a new array: unpack a view of the rows of a contiguous slice, with no
+                # row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
+                if inner._closed:
+                    inner._check_open()
+                start, stop, step = index.indices(inner._length)
+                if step == 1:
+                    return unpack(inner._block.data[start:stop])
             rows = inner.get_numpy(index)
             return unpack(rows) if rows.ndim == 2 else self._plan.unpack(rows, to_backend=True)
         return self._plan.unpack(self._rows_numpy(index), to_backend=True)

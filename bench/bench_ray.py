@@ -11,7 +11,10 @@ episode is durable in the buffer (data, then metadata by atomic rename) before t
   in-process (batch)   EpisodeBuilder.append(step) per step, commit_episodes(buffer, [episode]) (one write, dumps())
   ray N coll.          N collector actors, each RemoteEpisodeBuilder.append(step) per step; episodes go to the
                        service `episodes_per_call` per call (one call each by default), up to 1 call in flight;
-                       collectors on the actor's node build into shared-memory slabs (transport "auto")
+                       transport "auto": on the actor's node that is "shared_memory" (the actor copies each episode
+                       from the collector's shared-memory slab into the files)
+  ray 2 coll. direct   the same with transport="direct" (each collector reserves rows, writes them into the buffer's
+                       files itself and commits; the actor only keeps the books)
   ray 2 coll. object store   the same with transport="object_store" (what collectors on other nodes do)
   ray 2 coll. shards   each collector writes shards of 8 episodes locally (write_shard) and the service adopts them
 Sample: batches of 256 uniformly drawn rows.
@@ -25,7 +28,12 @@ one is printed for learners on other nodes), each against the in-process (lib) p
 shows the ratio against the fastest in-process path this library has. Every Ray commit is durable before it is
 acknowledged, like every in-process episode; commits that reach the actor together share one dump (group commit).
 
-Usage:  .venv/bin/python bench/bench_ray.py [--quick] [--repeats N]
+Ray starts its worker processes (the collectors and the buffer actor) at niceness 15 unless RAY_worker_niceness says
+otherwise, while the in-process baseline runs in this process at niceness 0: on a machine other jobs load, that
+alone starves the Ray side. The bench therefore starts its cluster with the workers at --worker-niceness (default 0,
+the baseline's); pass 15 to see Ray's default.
+
+Usage:  .venv/bin/python bench/bench_ray.py [--quick] [--repeats N] [--rounds N] [--worker-niceness N]
 """
 from __future__ import annotations
 
@@ -217,7 +225,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workloads", default="W1,W2", help="comma-separated: W1, W2")
     ap.add_argument("--parts", default="collect,sample", help="comma-separated: collect, sample")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="times each workload's episodes are collected per measurement (0: W1 1, W2 4; --quick: 1)")
+    ap.add_argument("--worker-niceness", type=int, default=0,
+                    help="niceness of Ray's worker processes (Ray's own default is 15: below the in-process "
+                         "baseline, which runs in this nice-0 process)")
     args = ap.parse_args()
+    # Ray starts its workers (collectors, the buffer actor) at niceness 15 unless told otherwise; on a machine
+    # that other jobs load, that alone starves them against the nice-0 in-process baseline.
+    os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     parts = set(args.parts.split(","))
     root = tempfile.mkdtemp(prefix="unienv-bench-ray-")
     init_local_cluster(num_cpus=2, object_store_bytes=1 << 30)
@@ -254,20 +270,22 @@ def main() -> int:
         print(f"{wl_name:3s} {what:36s} {us:14.2f} {vs_lib:7.2f}x {vs_batch:8.2f}x  {target}")
     print("vs lib / vs batch = throughput of the row / throughput of the in-process (lib) / (batch) path, medians of "
           f"{args.repeats} interleaved repeats in this run; collect rows are us per step, sample rows us per batch.")
-    print("1-min load average during the run: " + ", ".join(f"{x:.1f}" for x in load))
+    print("1-min load average during the run: " + ", ".join(f"{x:.1f}" for x in load)
+          + f"; Ray workers at niceness {args.worker_niceness}")
     return 0
 
 
 def collect_rows(ray: Any, Collector: Any, root: str, name: str, space: DictSpace, data: Dict[str, np.ndarray],
                  steps: int, n_eps: int, image: bool, args: Any) -> List[Tuple[str, str, float, float, float, str]]:
     """The collect rows of one workload: in-process (lib, batch) and the Ray configurations, interleaved."""
-    rounds = 1 if not image or args.quick else 2
+    rounds = args.rounds or (1 if not image or args.quick else 4)
     eps = episodes_of(n_eps, steps, rounds)
     ref = ray.put(data)
     collectors = [Collector.remote(ref) for _ in range(2)]
     ray.get([c.ready.remote() for c in collectors], timeout=120)
     configs: List[Tuple[str, int, int, bool, str]] = [
         ("ray 1 coll.", 1, 1, False, "auto"), ("ray 2 coll.", 2, 1, False, "auto"),
+        ("ray 2 coll. direct", 2, 1, False, "direct"),
         ("ray 2 coll. object store", 2, 1, False, "object_store")]
     if not image:
         configs += [("ray 2 coll. 8 eps/call", 2, 8, False, "auto"), ("ray 2 coll. shards of 8", 2, 8, True, "auto")]

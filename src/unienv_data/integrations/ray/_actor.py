@@ -15,6 +15,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -25,6 +26,7 @@ from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._direct import Reservation, ReservedRows, file_targets, pid_alive
 from ._slabs import SlabCache
 from ._view import ViewWriter
 from .episodes import Episode, EpisodeLayout, commit_episodes
@@ -34,6 +36,9 @@ from .episodes import Episode, EpisodeLayout, commit_episodes
 StorageSpec = Union[str, Tuple[type, Dict[str, Any]]]
 
 STORAGE_LAYOUTS = ("native", "flat")
+#: Seconds a commit or reservation waits for rows a collector reserved and has not committed yet (while that
+#: collector's process still runs) before it gives up with a TimeoutError.
+RESERVED_WAIT_S = 120.0
 
 
 def numpy_space(space_json: Dict[str, Any]) -> Space:
@@ -125,6 +130,22 @@ class BufferActor:
         self._dump_lock = threading.Lock()       # one dumper at a time; the others wait for its dump
         self._slab_lock = threading.Lock()       # the slab cache
         self._slabs: Optional[SlabCache] = None  # slabs of collectors on this node, mapped on first use
+        self._rows_freed = threading.Condition(self._lock)   # a reservation was committed or cancelled
+        self._pending: Dict[int, Reservation] = {}           # direct writes reserved, not committed yet
+        self._tokens = 0
+        #: tells reservations of this incarnation from those of an earlier one (lost with it)
+        self.incarnation = uuid.uuid4().hex
+        #: rows reserved by collectors that died (or gave up) before committing them; `rolled_back_rows` of them
+        #: were the newest rows and left the buffer again, the others stay unlisted until the ring overwrites them
+        self.abandoned_rows = 0
+        self.rolled_back_rows = 0
+        # reservations since the last other write, oldest first, with the buffer's (count, offset, total_written)
+        # before each: an abandoned reservation at the top is rolled back
+        self._advances: List[Tuple[int, Tuple[int, int, int]]] = []
+        self._dead: set = set()
+        self.reserve_s = 0.0
+        self._direct: Optional[Tuple[bool, str]] = None
+        self._sample_cache: Tuple[Any, Any] = (None, None)
         self._written = 0                        # commit calls whose rows are written ...
         self._durable = 0                        # ... and those a finished dump covered
         # An exception in an actor's constructor surfaces in Ray as a bare "actor died"; keep it and raise it from
@@ -162,7 +183,9 @@ class BufferActor:
         rows = 0
         with self._lock:
             t0 = time.perf_counter()
+            self._wait_rows_free(self._tail() + sum(e.length for e in episodes))
             self._view.reserve(self._tail() + sum(e.length for e in episodes))
+            self._advances, self._dead = [], set()   # reservations below these rows can no longer roll back
             try:
                 rows = commit_episodes(buffer, episodes, durable=False)
             except BaseException as exc:         # the episodes before it stay committed: make them durable too
@@ -190,8 +213,57 @@ class BufferActor:
                 self.dump_s += time.perf_counter() - t0
             self._durable = upto
 
+    def _wait_rows_free(self, end: int) -> None:
+        """Waits (the lock held, released while waiting) until writing up to absolute row `end` overwrites no row of
+        a pending reservation; reservations whose collector's process is gone are abandoned (their rows stay unlisted).
+        TimeoutError after `RESERVED_WAIT_S` while such a collector still runs."""
+        cap = self.buffer.capacity
+        deadline: Optional[float] = None
+        while cap is not None and self._pending:
+            blocking = [r for r in self._pending.values() if r.abs_start < end - cap]
+            if not blocking:
+                return
+            gone = [r for r in blocking if not pid_alive(r.pid)]
+            for r in gone:
+                self._abandon(r.token)
+            if gone:
+                continue
+            now = time.monotonic()
+            deadline = now + RESERVED_WAIT_S if deadline is None else deadline
+            if now >= deadline:
+                r = blocking[0]
+                raise TimeoutError(f"rows {r.start}..{r.start + r.length - 1} are still reserved by collector pid "
+                                   f"{r.pid} (not committed after {RESERVED_WAIT_S} s); the ring cannot reuse them")
+            self._rows_freed.wait(min(0.25, deadline - now))
+
+    def _abandon(self, token: int) -> None:
+        """Gives up a pending reservation (lock held): its rows belong to no segment; when it is the newest advance of
+        the buffer (with every reservation above it abandoned too) the buffer's tail goes back over it."""
+        r = self._pending.pop(token, None)
+        if r is None:
+            return
+        self.abandoned_rows += r.length
+        self._dead.add(token)
+        state = self.buffer._state
+        while self._advances and self._advances[-1][0] in self._dead:
+            top, (count, offset, written) = self._advances.pop()
+            self._dead.discard(top)
+            self.rolled_back_rows += state.total_written - written
+            state.count, state.offset, state.total_written = count, offset, written
+            state.version += 1
+        self._rows_freed.notify_all()
+
+    def _reap(self) -> None:
+        """Abandons the reservations whose collector's process is gone (lock held)."""
+        for r in [r for r in self._pending.values() if not pid_alive(r.pid)]:
+            self._abandon(r.token)
+
     def _settled(self) -> None:
-        """Makes every written commit durable before a read, so reads never show an episode a crash could lose."""
+        """Makes every written commit durable before a read, so reads never show an episode a crash could lose, and
+        abandons reservations of collectors that are gone."""
+        if self._pending:
+            with self._lock:
+                self._reap()
         if self._written > self._durable:
             self._make_durable(self._written)
 
@@ -207,7 +279,9 @@ class BufferActor:
             return {"length": len(buffer), "capacity": buffer.capacity, "directory": self.directory,
                     "segments": None if segs is None else len(segs), "space": self.space_json,
                     "reopened": self.reopened, "pid": os.getpid(), "commits": self.commits, "dumps": self.dumps,
-                    "write_s": self.write_s, "dump_s": self.dump_s}
+                    "write_s": self.write_s, "dump_s": self.dump_s, "reserve_s": self.reserve_s,
+                    "pending_reservations": len(self._pending), "abandoned_rows": self.abandoned_rows,
+                    "rolled_back_rows": self.rolled_back_rows}
 
     def length(self) -> int:
         """Rows in the buffer."""
@@ -267,6 +341,93 @@ class BufferActor:
             self.commits += 1
             return len(self.buffer)
 
+    # ------------------------------------------------------------------ direct writes (see _direct)
+    def direct_info(self) -> Dict[str, Any]:
+        """Whether collectors on this node may write episodes into the buffer's files themselves (`supported`,
+        else `why` not), the buffer `directory` and this actor's `incarnation`."""
+        buffer = self.buffer
+        with self._lock:
+            if self._direct is None:
+                storage = buffer.storage
+                if storage is None or buffer.multiprocessing or storage.get_segments() is None:
+                    self._direct = (False, "the storage keeps no segment list of its own")
+                else:
+                    targets, why = file_targets(storage, self.layout)
+                    self._direct = (targets is not None, why)
+            ok, why = self._direct
+        return {"supported": ok, "why": why, "directory": self.directory, "incarnation": self.incarnation}
+
+    def reserve(self, lengths: Sequence[int], pid: int) -> Tuple[str, List[Tuple[int, int]]]:
+        """Places episodes of `lengths` rows at the tail for a collector (process `pid` on this node) that writes them
+        into the files itself; returns this actor's incarnation and `(token, physical start)` per episode. The segments those rows overlap are
+        dropped (persistently) and the overwrite announced in the view first; nothing lists the rows until
+        `commit_reserved`."""
+        buffer = self.buffer
+        if not self.direct_info()["supported"]:
+            raise ValueError(f"direct writes are not possible into {self.directory}: {self._direct[1]}")  # type: ignore[index]
+        sizes = [int(n) for n in lengths]
+        cap = buffer.capacity
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"reserve: every episode needs at least one row, got lengths {sizes}")
+        if cap is not None and sum(sizes) > cap:
+            raise ValueError(f"reserve: {sum(sizes)} rows at once do not fit in the capacity {cap}")
+        out: List[Tuple[int, int]] = []
+        with self._lock:
+            t0 = time.perf_counter()
+            end = self._tail() + sum(sizes)
+            self._wait_rows_free(end)
+            self._view.reserve(end)
+            storage = buffer.storage
+            for n in sizes:
+                abs_start = self._tail()
+                before = (buffer.count, buffer.offset, buffer.total_written)
+                writer = ReservedRows(storage, n)  # type: ignore[arg-type]
+                buffer.commit_segment(writer)
+                self._tokens += 1
+                self._pending[self._tokens] = Reservation(self._tokens, abs_start, writer.start, n, int(pid))
+                self._advances.append((self._tokens, before))
+                out.append((self._tokens, writer.start))
+            self.reserve_s += time.perf_counter() - t0
+        return self.incarnation, out
+
+    def commit_reserved(self, incarnation: str, tokens: Sequence[int]) -> int:
+        """Records the reserved, written episodes `tokens` as segments and returns the buffer's length once they are
+        durable (group commit). All or nothing: ValueError when one of them is unknown (reserved by an earlier
+        incarnation of the actor, or abandoned); the others are then cancelled."""
+        buffer = self.buffer
+        with self._lock:
+            missing = [t for t in tokens if incarnation != self.incarnation or t not in self._pending]
+            if missing:
+                self._cancel(incarnation, tokens)
+                raise ValueError(f"commit: reservations {missing} are unknown to this incarnation of the buffer actor "
+                                 "(it restarted since, or their collector was declared gone): those episodes were "
+                                 "not committed")
+            storage = buffer.storage
+            for t in tokens:
+                r = self._pending.pop(t)
+                storage._record_segment(r.start, r.length)  # type: ignore[union-attr]
+            if not self._pending:
+                self._advances, self._dead = [], set()
+            self._rows_freed.notify_all()
+            self._written += 1
+            ticket = self._written
+        self._make_durable(ticket)
+        with self._lock:
+            self.commits += 1
+            return len(buffer)
+
+    def cancel_reserved(self, incarnation: str, tokens: Sequence[int]) -> None:
+        """Gives up reservations (the collector failed to write them): their rows stay unlisted until overwritten."""
+        with self._lock:
+            self._cancel(incarnation, tokens)
+
+    def _cancel(self, incarnation: str, tokens: Sequence[int]) -> None:
+        if incarnation != self.incarnation:
+            return
+        for t in tokens:
+            self._abandon(t)
+        self._rows_freed.notify_all()
+
     def forget_slabs(self, paths: Sequence[str]) -> None:
         """Unmaps slabs their collector closed."""
         with self._slab_lock:
@@ -315,11 +476,33 @@ class BufferActor:
         _ = self.buffer
         self._settled()
         with self._lock:
-            n = len(self.buffer)
-            if n == 0:
-                raise ValueError("sample: the buffer is empty; commit an episode first")
-            index = rng.integers(0, n, size=int(batch_size) * int(n_batches), dtype=np.int64)
+            index = self._draw(rng, int(batch_size) * int(n_batches))
             return _contiguous(self.buffer.get_at(index))
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """`size` logical rows drawn uniformly from the whole committed episodes (every row when the storage keeps
+        no segments): rows reserved and not committed, or of dropped episodes, are never drawn."""
+        buffer = self.buffer
+        n = len(buffer)
+        version = (buffer.segments_version, n, buffer.offset, buffer.total_written)
+        key, table = self._sample_cache
+        if key != version:
+            segs = buffer.get_segments()
+            table = None
+            if segs is not None and segs != [(0, n)]:
+                starts = np.asarray([s for s, _ in segs], dtype=np.int64)
+                lengths = np.asarray([e - s for s, e in segs], dtype=np.int64)
+                table = (starts, lengths, np.cumsum(lengths))
+            self._sample_cache = (version, table)
+        total = n if table is None else (int(table[2][-1]) if table[2].size else 0)
+        if total == 0:
+            raise ValueError("sample: the buffer holds no committed episode; commit an episode first")
+        if table is None:
+            return rng.integers(0, n, size=size, dtype=np.int64)
+        starts, lengths, cum = table
+        u = rng.integers(0, total, size=size, dtype=np.int64)
+        seg = np.searchsorted(cum, u, side="right")
+        return starts[seg] + u - (cum[seg] - lengths[seg])  # type: ignore[no-any-return]
 
     def flush(self) -> None:
         """Dumps the buffer (every commit already did)."""

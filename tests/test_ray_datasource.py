@@ -363,11 +363,51 @@ def test_blocks_hold_whole_episodes_and_cover_every_row_once(tmp_path: Any) -> N
 
 def test_default_number_of_blocks() -> None:
     mib = 1 << 20
-    assert default_num_blocks(500 * mib, cpus=2, runs=1000) == 4              # two per CPU
+    assert default_num_blocks(500 * mib, cpus=2, runs=1000) == 4              # one per 128 MiB at least
+    assert default_num_blocks(100 * mib, cpus=2, runs=1000) == 2              # one per CPU
     assert default_num_blocks(3 * mib, cpus=8, runs=1000) == 3                # blocks of at least 1 MiB
+    assert default_num_blocks(40 * mib, cpus=8, runs=1000, copy_only=True) == 2   # 16 MiB for plain arrays
+    assert default_num_blocks(10 * mib, cpus=8, runs=1000, copy_only=True) == 1
     assert default_num_blocks(500 * mib, cpus=8, runs=5) == 5                 # no more than the episodes
     assert default_num_blocks(10_000 * mib, cpus=2, runs=10) == 79            # blocks of at most 128 MiB
     assert default_num_blocks(0, cpus=4, runs=0) == 1
+
+
+def test_blocks_are_typed_like_rays_own_conversion() -> None:
+    """The datasource builds its Arrow blocks itself (Ray's `batch_to_block` infers each 1-D column's type from its
+    values, slowly); the result must be what Ray would have made, for every dtype a leaf can have."""
+    from ray.data.block import BlockAccessor
+    from unienv_data.integrations.ray._datasource_plan import ColumnSpec, ReadPlan
+    from unienv_data.integrations.ray.datasource import _to_block
+    rng = np.random.default_rng(11)
+    batch = {"f32": rng.standard_normal((6, 2, 3), dtype=np.float32), "f16": np.arange(6, dtype=np.float16),
+             "flags": rng.integers(0, 2, (6, 4)).astype(bool), "done": np.arange(6) % 2 == 0,
+             "u64": np.arange(6, dtype=np.uint64), "i8": rng.integers(-9, 9, (6, 5), dtype=np.int8),
+             "strided": rng.standard_normal((6, 10), dtype=np.float32)[:, ::3]}
+    specs = tuple(ColumnSpec(k, k, str(v.dtype), v.shape[1:], v[0].nbytes) for k, v in batch.items())
+    plan = ReadPlan(path="x", backend="numpy", kind="x", capacity=None, length=6, columns=specs, meta_names=(),
+                    runs=(), unsegmented_rows=0)
+    mine, theirs = _to_block(plan, batch), BlockAccessor.batch_to_block(batch)
+    assert mine.schema == theirs.schema
+    for k, v in batch.items():
+        assert_same({k: BlockAccessor.for_block(mine).to_numpy(k)}, {k: np.ascontiguousarray(v)})
+
+
+def test_plan_knows_which_datasets_only_copy(tmp_path: Any) -> None:
+    """Array storages (memmap, flattened) are read by a copy and get larger default blocks; image files decode."""
+    rb = flat_buffer(str(tmp_path / "flat"), 8)
+    rb.dumps()
+    rb.close()
+    assert UnienvDatasource(tmp_path / "flat").plan.copy_only
+    space = DictSpace(NB, {"image": BoxSpace(NB, 0, 255, np.uint8, shape=(4, 4, 3)),
+                           "x": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,))})
+    kwargs = native_layout_kwargs(space)
+    kwargs["storage_cls_map"]["image"] = ImageStorage
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=str(tmp_path / "png"), capacity=8, **kwargs)
+    rb.dumps()
+    rb.close()
+    assert not UnienvDatasource(tmp_path / "png").plan.copy_only
+    assert UnienvDatasource(tmp_path / "png", columns=["x"]).plan.copy_only
 
 
 # ------------------------------------------------------------------------------------------------ errors

@@ -63,6 +63,9 @@ class ReadPlan:
     meta_names: Tuple[str, ...]            #: the bookkeeping column names, prefix applied, in META_COLUMNS order
     runs: Tuple[Run, ...]
     unsegmented_rows: int                  #: rows outside every episode (read only with include_unsegmented)
+    #: every planned column is held by an array storage (in memory or memory-mapped, possibly flattened), so reading
+    #: a row costs a copy, not a decode; `read_unienv` then makes fewer, larger blocks by default
+    copy_only: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -163,7 +166,25 @@ def plan_read(path: PathLike, *, columns: Optional[Sequence[str]] = None, backen
         runs, unsegmented = _plan_runs(ds, include_unsegmented)
         backend_name = backend if backend != "auto" else ds.backend.simplified_name
         return ReadPlan(path=full, backend=str(backend_name), kind=ds.kind, capacity=ds.capacity, length=len(ds),
-                        columns=specs, meta_names=meta_names, runs=tuple(runs), unsegmented_rows=unsegmented)
+                        columns=specs, meta_names=meta_names, runs=tuple(runs), unsegmented_rows=unsegmented,
+                        copy_only=_copy_only(ds, specs))
+
+
+def _copy_only(ds: OpenedDataset, specs: Sequence[ColumnSpec]) -> bool:
+    """Whether every child storage holding a planned column is an array storage (`ArrayStorageBase`: NumPy memmap,
+    PyTorch tensors), directly or inside wrappers such as `FlattenedStorage`."""
+    from unienv_data.base.wrapper import WrappedStorage
+    from unienv_data.storages._array_storage import ArrayStorageBase
+    wanted = {s.key for s in specs}
+    for child, _prefix, keys in ds.columns():
+        if not wanted.intersection(keys):
+            continue
+        inner = child
+        while isinstance(inner, WrappedStorage):
+            inner = inner.inner_storage
+        if not isinstance(inner, ArrayStorageBase):
+            return False
+    return True
 
 
 def _plan_runs(ds: OpenedDataset, include_unsegmented: bool) -> Tuple[List[Run], int]:

@@ -130,9 +130,8 @@ class _UnienvDatasourceBase:
         """The Arrow schema of every block, when no text column makes it depend on the data."""
         if any(c.dtype == "object" for c in self._plan.columns):
             return None
-        from ray.data.block import BlockAccessor
         try:    # one zero row: Ray cannot tell a tensor column's type from zero rows
-            return BlockAccessor.for_block(BlockAccessor.batch_to_block(zero_batch(self._plan, 1))).schema()
+            return _to_block(self._plan, zero_batch(self._plan, 1)).schema
         except Exception:       # a schema is optional: Ray reads it from the first block instead
             return None
 
@@ -145,13 +144,28 @@ def _subplan(plan: ReadPlan, runs: List[Run]) -> ReadPlan:
 def _read_task(plan: ReadPlan, block_rows: int, empty_dataset: bool) -> Iterable[Any]:
     """The body of one read task: Arrow blocks of whole episodes. The single task of an empty dataset yields one
     empty block, so the dataset still has its schema; the empty tasks that pad a split yield nothing."""
-    from ray.data.block import BlockAccessor
     if not plan.runs:
         if empty_dataset:
-            yield BlockAccessor.for_block(BlockAccessor.batch_to_block(zero_batch(plan, 1))).slice(0, 0, copy=True)
+            yield _to_block(plan, zero_batch(plan, 1)).slice(0, 0)
         return
     for batch in read_runs(plan, plan.runs, block_rows):
-        yield BlockAccessor.batch_to_block(batch)
+        yield _to_block(plan, batch)
+
+
+def _to_block(plan: ReadPlan, batch: Dict[str, Any]) -> Any:
+    """A `pyarrow.Table` of `batch` (a read's `{column: ndarray}`), built column by column from the planned dtypes:
+    1-D columns as plain Arrow arrays over the NumPy buffers (zero-copy for contiguous numeric ones), columns with a
+    per-row shape as Ray's fixed-shape tensor arrays. Ray's generic `batch_to_block` infers every 1-D column's type
+    by looking at its values (`pyarrow.infer_type`), which cost more than the read itself; a plan with a text column
+    still goes through it (Arrow strings)."""
+    import pyarrow as pa
+    from ray.data.block import BlockAccessor
+    if any(c.dtype == "object" for c in plan.columns):
+        return BlockAccessor.batch_to_block(batch)
+    from ray.data.extensions import ArrowTensorArray
+    arrays = [pa.array(arr) if arr.ndim == 1 else ArrowTensorArray.from_numpy(arr, column_name=name)
+              for name, arr in batch.items()]
+    return pa.Table.from_arrays(arrays, names=list(batch))
 
 
 def _block_metadata(num_rows: int, size_bytes: int) -> Any:
@@ -171,11 +185,11 @@ def read_unienv(path: PathLike, *, columns: Optional[Sequence[str]] = None, back
     override_num_blocks=..., **read_args)`.
 
     `override_num_blocks` is the number of read tasks (and so of read blocks, before any later repartitioning).
-    When None, `default_num_blocks`: two per CPU of the cluster, fewer for a small dataset (blocks of at least
-    1 MiB), more for a large one (blocks of at most 128 MiB). Ray's own choice, which starts at 200 tasks and suits
-    file formats better than a storage every task reopens, is what `ray.data.read_datasource(UnienvDatasource(path))`
-    makes. `read_args` go to `read_datasource` (e.g. `concurrency`, `num_cpus`). See `UnienvDatasource` for the
-    other arguments and the errors.
+    When None, `default_num_blocks`: one per CPU of the cluster, fewer for a small dataset (blocks of at least
+    1 MiB, or 16 MiB when every column is a plain array), more for a large one (blocks of at most 128 MiB). Ray's
+    own choice, which starts at 200 tasks and suits file formats better than a storage every task reopens, is what
+    `ray.data.read_datasource(UnienvDatasource(path))` makes. `read_args` go to `read_datasource` (e.g.
+    `concurrency`, `num_cpus`). See `UnienvDatasource` for the other arguments and the errors.
     """
     if override_num_blocks is not None and (isinstance(override_num_blocks, bool)
                                             or not isinstance(override_num_blocks, int) or override_num_blocks < 1):
@@ -187,17 +201,20 @@ def read_unienv(path: PathLike, *, columns: Optional[Sequence[str]] = None, back
     if override_num_blocks is None:
         cpus = int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1
         override_num_blocks = default_num_blocks(source.estimate_inmemory_data_size(), cpus,
-                                                 len(source.plan.runs))
+                                                 len(source.plan.runs), copy_only=source.plan.copy_only)
     return ray.data.read_datasource(source, override_num_blocks=override_num_blocks, **read_args)
 
 
 _MIN_BLOCK_BYTES = 1 << 20
+_MIN_COPY_BLOCK_BYTES = 16 << 20
 
 
-def default_num_blocks(nbytes: int, cpus: int, runs: int) -> int:
-    """The number of read tasks `read_unienv` makes when not told: `2 * cpus`, at most one per MiB of data and one
-    per episode, at least one per 128 MiB (never below 1)."""
-    wanted = min(2 * max(1, cpus), max(1, nbytes // _MIN_BLOCK_BYTES), max(1, runs))
+def default_num_blocks(nbytes: int, cpus: int, runs: int, copy_only: bool = False) -> int:
+    """The number of read tasks `read_unienv` makes when not told: one per CPU, at most one per episode and one per
+    MiB of data (per 16 MiB when `copy_only`: every column comes from an array storage, whose rows cost a copy, so a
+    smaller task costs Ray more than it reads), and at least one per 128 MiB (never below 1)."""
+    min_block = _MIN_COPY_BLOCK_BYTES if copy_only else _MIN_BLOCK_BYTES
+    wanted = min(max(1, cpus), max(1, nbytes // min_block), max(1, runs))
     return int(max(wanted, -(-nbytes // _DEFAULT_BLOCK_BYTES), 1))
 
 

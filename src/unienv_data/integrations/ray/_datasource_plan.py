@@ -110,6 +110,8 @@ def _column_spec(path: Tuple[str, ...], space: Any) -> ColumnSpec:
     if isinstance(space, BoxSpace):
         dtype = space.backend.dtype_name(space.dtype)
         try:
+            if dtype == "bfloat16":  # NumPy knows it only once ml_dtypes (e.g. JAX) is imported; Arrow never does
+                raise TypeError(dtype)
             itemsize = np.dtype(dtype).itemsize
         except TypeError:
             raise TypeError(f"leaf {key!r} has dtype {dtype}, which NumPy and Arrow cannot hold; a Ray Data read "

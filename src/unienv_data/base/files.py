@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, Iterator, Optional, Union
+import threading
+from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
 
 from .errors import StorageFormatError, StorageNotFoundError
 
@@ -48,30 +50,67 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
+class _Written(NamedTuple):
+    digest: bytes
+    durable: bool
+    identity: Tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns) of the file we renamed in
+
+
+#: What this process last wrote at each metadata path, so an unchanged rewrite can be skipped (see below).
+_LAST_WRITTEN: Dict[str, _Written] = {}
+_LAST_WRITTEN_LOCK = threading.Lock()
+
+
+def _identity(path: str) -> Optional[Tuple[int, int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) -> None:
     """Writes `obj` as JSON to `path` so that readers see either the old or the new file, never a torn one:
     temporary file in the same directory, flush (+ fsync when durable, see `set_durable`), rename over `path`,
-    fsync the directory (when durable)."""
+    fsync the directory (when durable).
+
+    A rewrite with the same bytes is skipped when the file on disk is still the very file this process wrote
+    (same device, inode, size and modification time) at least as durably: a `dumps` that changes one metadata file
+    of a composite storage then renames one file instead of every one."""
     durable = _DURABLE if durable is None else durable
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    key = os.path.abspath(path)
+    data = json.dumps(obj, indent=1, allow_nan=True).encode("utf-8")
+    digest = hashlib.blake2b(data, digest_size=16).digest()
+    with _LAST_WRITTEN_LOCK:
+        last = _LAST_WRITTEN.get(key)
+    if last is not None and last.digest == digest and (last.durable or not durable) \
+            and _identity(path) == last.identity:
+        return
+    directory = os.path.dirname(key)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, allow_nan=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+            st = os.fstat(f.fileno())   # a rename keeps inode and mtime; taken here, no other writer can race it
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        with _LAST_WRITTEN_LOCK:
+            _LAST_WRITTEN.pop(key, None)
         raise
     if durable:
         fsync_dir(directory)
+    with _LAST_WRITTEN_LOCK:
+        _LAST_WRITTEN[key] = _Written(digest, durable, identity)
 
 
 DUMP_MARKER_SUFFIX = ".dump-in-progress"

@@ -33,6 +33,8 @@ one fresh array (`_shared_cast`).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import struct
 from itertools import count
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
@@ -229,9 +231,20 @@ def _unpack_expr(lf: "_Leaf", i: int, ns: Dict[str, Any], wrap: Any, shared: boo
     return f"W{i}({part})"
 
 
+#: compiled code by generated text: reopening a storage of a space seen before skips `compile` (~0.2 ms each)
+_CODE_CACHE: "OrderedDict[str, Any]" = OrderedDict()
+_CODE_CACHE_SIZE = 256
+
+
 def _define(name: str, lines: List[str], ns: Dict[str, Any], tag: str) -> Any:
     src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<unienv flat-row codec {tag}>", "exec"), ns)   # the text is kept in CompiledCodec.source
+    code = _CODE_CACHE.get(src)
+    if code is None:
+        code = compile(src, f"<unienv flat-row codec {tag}>", "exec")   # the text is kept in CompiledCodec.source
+        _CODE_CACHE[src] = code
+        while len(_CODE_CACHE) > _CODE_CACHE_SIZE:
+            _CODE_CACHE.popitem(last=False)
+    exec(code, ns)
     return ns[name]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -256,3 +256,45 @@ def check_stored_space(raw: Any, tree: "LeafTree", where: str) -> None:
     if diffs:
         raise ValueError(f"the space does not match the one stored in {where} (same layout, other bounds): "
                          + "; ".join(diffs))
+
+
+class LeafTreeWrites:
+    """The write entry points shared by storages that keep one column per leaf of a `LeafTree` (HDF5, Parquet).
+
+    The class using it provides `_tree` (a `LeafTree`), `_norm(index)` (a normalised index), `_write_leaves(norm,
+    leaves)` (checked columns, written all or nothing) and `_check_writable()`.
+    """
+
+    _tree: LeafTree
+
+    if TYPE_CHECKING:  # provided by the storage class (declared here for the type checker only)
+        def _norm(self, index: Any) -> Any: ...
+
+        def _write_leaves(self, norm: Any, leaves: Any) -> None: ...
+
+        def _check_writable(self) -> None: ...
+
+    def set(self, index: Any, value: Any) -> None:
+        """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
+        self._check_writable()
+        norm = self._norm(index)
+        lead = () if norm.single is not None else (norm.count(),)
+        self._write_leaves(norm, self._tree.split(value, lead))
+
+    def _prepare_single(self, value: Any) -> Any:
+        return self._tree.split_copy(value)
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        out = []
+        for k, leaf in enumerate(self._tree.leaves):
+            if leaf.conv is None:  # text leaves: object columns
+                col = np.empty(len(items), dtype=object)
+                col[:] = [it[k] for it in items]
+                out.append(col)
+            else:
+                out.append(np.stack([it[k] for it in items]) if items else leaf.zeros(0))
+        return out
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._check_writable()
+        self._write_leaves(self._norm(index), batch)

@@ -15,12 +15,13 @@ from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import Space
 
 from ._io_pool import map_io
+from ._list_leaves import LeafTreeWrites
 from ._list_storage import LeafTree, replace_file
 from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _n_pieces, _pa, _pq,
                               piece_filename)
 
 
-class ParquetPieces(SpaceStorage[Any, Any, Any, Any, Any]):
+class ParquetPieces(LeafTreeWrites, SpaceStorage[Any, Any, Any, Any, Any]):
     """Rows of a `ParquetStorage` in memory and in its piece files; the base of `ParquetStorage`, not used alone."""
 
     def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,

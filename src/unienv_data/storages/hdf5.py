@@ -57,6 +57,7 @@ from ._hdf5_file import (_BLOCK_BYTES, CHUNK_TARGET_BYTES, DEFAULT_KEY, META_ATT
                          _open_file, _read_meta, new_file)
 from ._hdf5_io import HDF5ColumnView, create_datasets, map_columns, read_col, write_col, write_copy
 from ._hdf5_state import STATE_SUFFIX, build_space, check_file, new_file_id, raw_replay_buffer, write_state
+from ._list_leaves import LeafTreeWrites
 from ._list_storage import LeafTree, check_capacity, check_count
 
 _ABANDONED: List[Any] = []          # h5py handles inherited through fork: never closed in the child
@@ -78,7 +79,7 @@ if hasattr(os, "register_at_fork"):
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class HDF5Storage(SpaceStorage[Any, Any, Any, Any, Any]):
+class HDF5Storage(LeafTreeWrites, SpaceStorage[Any, Any, Any, Any, Any]):
     """Samples of a NumPy DictSpace / Box / Binary / Text space in one HDF5 file (see the module docstring).
 
     `create(single_instance_space, capacity=None, cache_path=None, multiprocessing=False, initial_capacity=None,
@@ -313,31 +314,6 @@ class HDF5Storage(SpaceStorage[Any, Any, Any, Any, Any]):
         targets = cols if which is None else [cols[i] for i in which]
         for col, v in zip(targets, values):
             write_col(col, norm, v, self._reduce_io, self._path or "in-memory file")
-
-    def set(self, index: Any, value: Any) -> None:
-        """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
-        self._check_writable()
-        norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_leaves(norm, self._tree.split(value, lead))
-
-    def _prepare_single(self, value: Any) -> Any:
-        return self._tree.split_copy(value)
-
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        out = []
-        for k, leaf in enumerate(self._tree.leaves):
-            if leaf.conv is None:
-                col = np.empty(len(items), dtype=object)
-                col[:] = [it[k] for it in items]
-                out.append(col)
-            else:
-                out.append(np.stack([it[k] for it in items]) if items else leaf.zeros(0))
-        return out
-
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
-        self._write_leaves(self._norm(index), batch)
 
     # ------------------------------------------------------------------ length
     def _check_owner(self, what: str) -> None:

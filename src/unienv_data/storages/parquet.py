@@ -157,31 +157,6 @@ class ParquetStorage(ParquetPieces):
         return self._tree.assemble(self._read_leaves(self._norm(index)))
 
     # ------------------------------------------------------------------ writes
-    def set(self, index: Any, value: Any) -> None:
-        """Checks the whole value (keys, shapes, dtypes, bounds), then writes it; on error nothing changes."""
-        self._check_writable()
-        norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_leaves(norm, self._tree.split(value, lead))
-
-    def _prepare_single(self, value: Any) -> Any:
-        return self._tree.split_copy(value)
-
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        out = []
-        for k, leaf in enumerate(self._tree.leaves):
-            if leaf.conv is None:
-                col = np.empty(len(items), dtype=object)
-                col[:] = [it[k] for it in items]
-                out.append(col)
-            else:
-                out.append(np.stack([it[k] for it in items]) if items else leaf.zeros(0))
-        return out
-
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
-        self._write_leaves(self._norm(index), batch)
-
     # ------------------------------------------------------------------ length
     def extend_length(self, length: int) -> None:
         """Adds `length` zero rows at the end of a growable storage (a no-op for a fixed capacity)."""

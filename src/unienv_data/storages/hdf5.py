@@ -41,7 +41,6 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 
 from unienv_data.base.errors import StorageNotFoundError, StorageStateError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, is_durable

@@ -23,7 +23,7 @@ the pieces and replaces stale ones of an older dump there; writes through a colu
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 

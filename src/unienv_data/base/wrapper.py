@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from .files import PathLike, atomic_write_json, dump_transaction
+from .segment_writer import MappedSegmentWriter, SegmentWriter
 from .segments import SegmentLog
 from .storage import SpaceStorage
 
@@ -132,3 +133,43 @@ class WrappedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
 
     def _has_persistent_segments(self) -> bool:
         return self.inner_storage._has_persistent_segments()
+
+
+class ValueMappingStorage(WrappedStorage):
+    """A wrapper whose every write maps the value (`_to_inner`) and the index (`_index_to_inner`, identity by
+    default) onto the inner storage, which checks and writes it: TransformedStorage and ToBackendOrDeviceStorage."""
+
+    def _to_inner(self, value: Any) -> Any:
+        """`value` (one element or a batch) as the inner storage takes it; raises for a value that is not valid."""
+        raise NotImplementedError
+
+    def _index_to_inner(self, index: Any) -> Any:
+        return index
+
+    def set(self, index: Any, value: Any) -> None:
+        """Maps `value` (checking it) and writes it at `index` in the inner storage; on any error nothing changes."""
+        self._check_writable()
+        self.inner_storage.set(self._index_to_inner(index), self._to_inner(value))
+
+    def append(self, value: Any) -> None:
+        """Maps one element and appends it to the inner storage's open segment."""
+        self._check_writable()
+        self.inner_storage.append(self._to_inner(value))
+
+    def open_segment_writer(self) -> SegmentWriter:
+        """A writer whose appended elements are mapped (and so checked) at once and written on `commit(start)`."""
+        self._check_writable()
+        return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
+
+    # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
+    def _prepare_single(self, value: Any) -> Any:
+        """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
+        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
+        return self.inner_storage._prepare_single(self._to_inner(value))
+
+    def _stack_prepared(self, items: List[Any]) -> Any:
+        return self.inner_storage._stack_prepared(items)
+
+    def _set_prepared(self, index: Any, batch: Any) -> None:
+        self._check_writable()
+        self.inner_storage._set_prepared(self._index_to_inner(index), batch)

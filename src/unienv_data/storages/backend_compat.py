@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Type, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
@@ -10,9 +10,8 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, PathLike, check_format_version,
                                     confined_path, read_json, require_fields)
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
-from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
-from unienv_data.base.wrapper import WrappedStorage
+from unienv_data.base.wrapper import ValueMappingStorage
 from unienv_interface.backends.base import ComputeBackend
 from unienv_interface.backends.serialization import deserialize_backend, serialize_backend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -65,7 +64,7 @@ def _map_leaves(space: Space, data: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 @register_storage
-class ToBackendOrDeviceStorage(WrappedStorage):
+class ToBackendOrDeviceStorage(ValueMappingStorage):
     """Serves an inner storage that keeps its elements on another backend and/or device: e.g. a NumPy-backend
     `NumpyMemmapStorage` read and written as torch tensors, or torch tensors stored on the CPU served on a GPU.
 
@@ -242,35 +241,6 @@ class ToBackendOrDeviceStorage(WrappedStorage):
         """Element(s) at `index` on the outer backend / device (new arrays)."""
         self._check_open()
         return self._to_outer(self.inner_storage.get(self._index_to_inner(index)))
-
-    def set(self, index: Any, value: Any) -> None:
-        """Writes element(s) at `index` (converted to the inner backend and checked there); on error nothing changes."""
-        self._check_writable()
-        self.inner_storage.set(self._index_to_inner(index), self._to_inner(value))
-
-    def append(self, value: Any) -> None:
-        """Appends one element to the inner storage's open segment."""
-        self._check_writable()
-        self.inner_storage.append(self._to_inner(value))
-
-    def open_segment_writer(self) -> SegmentWriter:
-        """A writer that converts appended elements to the inner backend and writes them on `commit(start)`."""
-        self._check_writable()
-        return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
-
-    # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
-
-    def _prepare_single(self, value: Any) -> Any:
-        """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
-        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
-        return self.inner_storage._prepare_single(self._to_inner(value))
-
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        return self.inner_storage._stack_prepared(items)
-
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
-        self.inner_storage._set_prepared(self._index_to_inner(index), batch)
 
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:

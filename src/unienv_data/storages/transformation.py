@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Optional, Tuple, Type, Union
 
 import numpy as np
 
@@ -11,9 +11,8 @@ from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, P
                                     confined_path, read_json, require_fields)
 from unienv_data.base.indexing import is_single_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
-from unienv_data.base.segment_writer import MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
-from unienv_data.base.wrapper import WrappedStorage
+from unienv_data.base.wrapper import ValueMappingStorage
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import flatten_utils
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
@@ -72,7 +71,7 @@ def _inverse_mismatch(source: Space, back: Space, where: str = "") -> Optional[s
 
 
 @register_storage
-class TransformedStorage(WrappedStorage):
+class TransformedStorage(ValueMappingStorage):
     """Stores every element as `data_transformation.transform(space, x)` in an inner storage (of the transformed
     space) and reads it back through the inverse transformation, e.g. float images in [0, 1] kept as uint8, or
     actions kept rescaled.
@@ -278,37 +277,8 @@ class TransformedStorage(WrappedStorage):
                              "value other than 0/1 in a boolean leaf, or one beyond the leaf dtype's range)")
         self.set(index, data)
 
-    def _forward(self, value: Any) -> Any:
+    def _to_inner(self, value: Any) -> Any:
         return self.data_transformation.transform(self.single_instance_space, value)
-
-    def set(self, index: Any, value: Any) -> None:
-        """Transforms `value` (checking it) and writes it at `index`; on any error nothing is written."""
-        self._check_writable()
-        self.inner_storage.set(index, self._forward(value))
-
-    def append(self, value: Any) -> None:
-        """Transforms one element and appends it to the inner storage's open segment."""
-        self._check_writable()
-        self.inner_storage.append(self._forward(value))
-
-    def open_segment_writer(self) -> SegmentWriter:
-        """A writer whose appended elements are checked and transformed at once and written on `commit(start)`."""
-        self._check_writable()
-        return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._forward)
-
-    # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
-
-    def _prepare_single(self, value: Any) -> Any:
-        """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
-        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
-        return self.inner_storage._prepare_single(self._forward(value))
-
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        return self.inner_storage._stack_prepared(items)
-
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
-        self.inner_storage._set_prepared(index, batch)
 
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:

@@ -156,7 +156,6 @@ class ParquetStorage(ParquetPieces):
         self._check_open()
         return self._tree.assemble(self._read_leaves(self._norm(index)))
 
-    # ------------------------------------------------------------------ writes
     # ------------------------------------------------------------------ length
     def extend_length(self, length: int) -> None:
         """Adds `length` zero rows at the end of a growable storage (a no-op for a fixed capacity)."""

@@ -26,8 +26,8 @@ from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
-from ._direct import Reservation, ReservedRows, file_targets, pid_alive
-from ._slabs import SlabCache
+from ._direct import Reservation, ReservedRows, file_targets
+from ._slabs import SlabCache, pid_alive
 from ._view import ViewWriter
 from .episodes import Episode, EpisodeLayout, commit_episodes
 

@@ -99,8 +99,8 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
     if cap != plan.capacity:
         storage.close()
         raise StorageStateError(f"{meta_path}: capacity is now {cap}, the read was planned for {plan.capacity}")
-    persisted = getattr(storage, "_has_persistent_segments", None)
-    if meta.get("physical_segments") is None or (callable(persisted) and persisted()):
+    # the same rule as ReplayBuffer.load_from: a storage that persists its own segment list is authoritative
+    if meta.get("physical_segments") is None or storage._has_persistent_segments():
         recorded = _runs_of(storage.get_segments(), cap)
     else:
         recorded = _runs_of([tuple(p) for p in meta["physical_segments"]], cap)

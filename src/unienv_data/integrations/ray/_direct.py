@@ -239,15 +239,4 @@ class Reservation:
     pid: int
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still runs on this node."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:              # it exists but is not ours to signal
-        return True
-    return True
-
-
-__all__ = ["DirectWriter", "FileTarget", "Reservation", "ReservedRows", "file_targets", "pid_alive"]
+__all__ = ["DirectWriter", "FileTarget", "Reservation", "ReservedRows", "file_targets"]

@@ -185,13 +185,23 @@ class SlabCache:
                 continue
             try:
                 pid = int(name[len(SLAB_PREFIX):].split("-", 1)[0])
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            except ValueError:
+                continue                                # not ours to judge: leave it
+            if not pid_alive(pid):
                 _unlink(os.path.join(directory, name))
                 removed += 1
-            except (ValueError, PermissionError, OSError):
-                continue                                # not ours to judge: leave it
         return removed
 
 
-__all__ = ["CACHE_SLABS", "GC_EVERY", "SLAB_PREFIX", "Slab", "SlabCache", "SlabPool", "slab_dir", "slab_offsets"]
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs on this node (one we may not signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:              # it exists but is not ours to signal
+        return True
+    return True
+
+
+__all__ = ["CACHE_SLABS", "GC_EVERY", "SLAB_PREFIX", "Slab", "SlabCache", "SlabPool", "pid_alive", "slab_dir", "slab_offsets"]

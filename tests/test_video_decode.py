@@ -14,9 +14,9 @@ import pytest
 
 av = pytest.importorskip("av")
 
-from unienv_data.storages import _episode_files  # noqa: E402
+from unienv_data.storages import _episode_files, _video_decode  # noqa: E402
 from unienv_data.storages._video_codec import _StreamSetup, select_codec  # noqa: E402
-from unienv_data.storages._video_decode import (DECODERS_PER_FILE, MIN_SPLIT_FRAMES, share_work,  # noqa: E402
+from unienv_data.storages._video_decode import (DECODERS_PER_FILE, share_work,  # noqa: E402
                                                 split_for_threads)
 from unienv_data.storages._video_index import EpisodeFile  # noqa: E402
 from unienv_data.storages.video_storage import VideoStorage  # noqa: E402
@@ -125,6 +125,7 @@ def test_reads_with_skipped_b_frames_equal_sequential_decode(tmp_path: Any, opti
 
 def test_long_runs_are_split_and_read_by_several_decoders(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr(_episode_files, "IO_WORKERS", 3)
+    monkeypatch.setattr(_video_decode, "MIN_SPLIT_FRAMES", 16)  # small test files: split runs of 32 frames and up
     st, _f = _storage(tmp_path, 1, 120, codec="libx264", gop_size=10)
     full = st.get(slice(0, 120))  # one file, split into parts decoded in parallel
     single = VideoStorage.load_from(st._dir, SPACE, decoder_cache_size=0)
@@ -147,14 +148,15 @@ def _file(keyframes: Any, frames: int = 300) -> EpisodeFile:
     return EpisodeFile("f.mp4", frames, 1, keyframes=keyframes)
 
 
-def test_split_for_threads_cuts_at_keyframes() -> None:
+def test_split_for_threads_cuts_at_keyframes(monkeypatch: Any) -> None:
+    monkeypatch.setattr(_video_decode, "MIN_SPLIT_FRAMES", 16)
     f = _file(list(range(0, 300, 10)))
     frames = np.arange(100, 164)
     parts = split_for_threads([(f, frames, np.arange(64))], 2)
     assert len(parts) == 2
     assert np.array_equal(np.concatenate([p[1] for p in parts]), frames)
     assert np.array_equal(np.concatenate([p[2] for p in parts]), np.arange(64))
-    assert parts[1][1][0] % 10 == 0 and all(p[1].size >= MIN_SPLIT_FRAMES for p in parts)
+    assert parts[1][1][0] % 10 == 0 and all(p[1].size >= 16 for p in parts)
     assert len(split_for_threads([(f, frames, np.arange(64))], 4)) == 2  # halves of 32 have no cut leaving 16 + 16
     long = np.arange(100, 228)
     four = split_for_threads([(f, long, np.arange(128))], 4)

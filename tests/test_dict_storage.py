@@ -615,6 +615,20 @@ class TestPersistence:
         exc = expect_error((KeyError,), DictStorage.load_from, path, image_renamed)
         assert "obs/image" in str(exc)
 
+    def test_changed_bounds_are_refused_by_the_stored_space(self, tmp_path: Any) -> None:
+        # same keys, dtypes and shapes (every child would open it): only the stored space tells them apart
+        path, vals = self._dumped(tmp_path)
+        sp = nested_space()
+        wider = DictSpace(TB, {"obs": {"image": sp["obs"]["image"],
+                                       "pos": BoxSpace(TB, -9.0, 9.0, torch.float32, shape=(3,)),
+                                       "count": sp["obs"]["count"]},
+                               "action": sp["action"], "done": sp["done"]})
+        exc = expect_error((ValueError,), DictStorage.load_from, path, wider)
+        assert "obs/pos" in str(exc) and "stored" in str(exc) and "given" in str(exc)
+        back = DictStorage.load_from(path, nested_space())        # the space it was written with opens
+        assert_tree_equal(back.get(2), vals[2])
+        back.close()
+
     def test_capacity_must_agree(self, tmp_path: Any) -> None:
         path, _ = self._dumped(tmp_path)
         exc = expect_error((ValueError,), DictStorage.load_from, path, nested_space(), capacity=3)

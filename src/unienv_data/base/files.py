@@ -193,13 +193,15 @@ def check_format_version(data: Dict[str, Any], what: str) -> int:
     return v
 
 
-def confined_path(root: PathLike, relative: Any, what: str) -> str:
-    """`root/relative`, refusing anything that would leave `root` (absolute paths, '..', symlinks out)."""
+def confined_path(root: PathLike, relative: Any, what: str, root_real: Optional[str] = None) -> str:
+    """`root/relative`, refusing anything that would leave `root` (absolute paths, '..', symlinks out).
+    `root_real`: ``os.path.realpath(root)`` when the caller already has it (checking many entries of one root)."""
     if not isinstance(relative, str) or not relative or "\x00" in relative:
         raise StorageFormatError(f"{what}: invalid relative path {relative!r}")
     if os.path.isabs(relative):
         raise StorageFormatError(f"{what}: path {relative!r} must be relative to the dataset directory")
-    root_real = os.path.realpath(os.fspath(root))
+    if root_real is None:
+        root_real = os.path.realpath(os.fspath(root))
     full = os.path.realpath(os.path.join(root_real, relative))
     if full == root_real:
         raise StorageFormatError(f"{what}: path {relative!r} names the dataset directory itself, not a file in it")

@@ -109,16 +109,17 @@ class SegmentLog:
         if not isinstance(data, list):
             raise StorageFormatError(f"{where}: 'segments' must be a list of [start, length] pairs, got {type(data).__name__}")
         runs = []
+        start_limit = max(capacity if capacity is not None else length, 1)
         for i, item in enumerate(data):
-            ok = (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in item))
-            if ok:
+            # JSON gives exact types: `type(v) is int` keeps ints and refuses bools, floats and strings
+            if type(item) is list and len(item) == 2:
                 s, n = item
-                limit = capacity if capacity is not None else length
-                ok = 0 <= s < max(limit, 1) and 0 < n <= (capacity if capacity is not None else length - s)
-            if not ok:
-                raise StorageFormatError(f"{where}: segment entry {i} = {item!r} is not a valid [start, length] pair "
-                                         f"for {'capacity ' + str(capacity) if capacity is not None else 'length ' + str(length)}")
-            runs.append((item[0], item[1]))
+                if (type(s) is int and type(n) is int and 0 <= s < start_limit
+                        and 0 < n <= (capacity if capacity is not None else length - s)):
+                    runs.append((s, n))
+                    continue
+            raise StorageFormatError(f"{where}: segment entry {i} = {item!r} is not a valid [start, length] pair "
+                                     f"for {'capacity ' + str(capacity) if capacity is not None else 'length ' + str(length)}")
         log = cls(capacity)
         log._runs = runs
         return log

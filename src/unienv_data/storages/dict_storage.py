@@ -196,13 +196,14 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         if not isinstance(smap, dict) or not smap:
             raise StorageFormatError(f"{meta_path}: 'storage_map' must be a non-empty object")
         entries: Dict[str, Tuple[Type[SpaceStorage], str, str]] = {}
+        root_real = os.path.realpath(path)
         for key, entry in smap.items():
             if not isinstance(entry, dict) or "type" not in entry or "path" not in entry:
                 raise StorageFormatError(f"{meta_path}: storage_map[{key!r}] must be an object with 'type' and 'path'")
             child_cls = resolve_storage_class(entry["type"], f"{meta_path} storage_map[{key!r}]")
             if not (isinstance(child_cls, type) and issubclass(child_cls, SpaceStorage)):
                 raise StorageFormatError(f"{meta_path}: storage_map[{key!r}] type {entry['type']!r} is not a storage")
-            full = confined_path(path, entry["path"], f"{meta_path} storage_map[{key!r}]")
+            full = confined_path(path, entry["path"], f"{meta_path} storage_map[{key!r}]", root_real)
             entries[key] = (child_cls, entry["path"], full)
         groups_raw = meta.get("groups", {})
         if not isinstance(groups_raw, dict) or not all(

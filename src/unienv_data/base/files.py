@@ -69,6 +69,19 @@ def _identity(path: str) -> Optional[Tuple[int, int, int, int]]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as JSON text, one top-level key per line (readable with `cat`, diffable) and each value on its line in
+    compact form: written by the C encoder, several times faster than ``indent=`` (Python's pure-Python path) on
+    metadata holding long segment lists."""
+    if isinstance(obj, dict) and obj and all(type(k) is str for k in obj):
+        enc = _COMPACT.encode
+        return "{\n" + ",\n".join(f" {enc(k)}: {enc(v)}" for k, v in obj.items()) + "\n}"
+    return json.dumps(obj, indent=1, allow_nan=True)
+
+
+_COMPACT = json.JSONEncoder(allow_nan=True, separators=(", ", ": "))
+
+
 def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) -> None:
     """Writes `obj` as JSON to `path` so that readers see either the old or the new file, never a torn one:
     temporary file in the same directory, flush (+ fsync when durable, see `set_durable`), rename over `path`,
@@ -80,7 +93,7 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
     durable = _DURABLE if durable is None else durable
     path = os.fspath(path)
     key = os.path.abspath(path)
-    data = json.dumps(obj, indent=1, allow_nan=True).encode("utf-8")
+    data = json_text(obj).encode("utf-8")
     digest = hashlib.blake2b(data, digest_size=16).digest()
     with _LAST_WRITTEN_LOCK:
         last = _LAST_WRITTEN.get(key)

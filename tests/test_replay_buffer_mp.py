@@ -368,3 +368,56 @@ def test_mp_buffer_pickles_only_into_processes(tmp_path: Any) -> None:
     with pytest.raises(ValueError):
         ReplayBuffer(plain.storage, "storage", multiprocessing=True)
     plain.close()
+
+
+def hold_lock_main(rb: ReplayBuffer, ready: Any, seconds: float) -> None:
+    with rb._state.locked():     # what a commit, extend or dumps holds while it runs
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_a_killed_lock_holder_raises_instead_of_hanging(tmp_path: Any) -> None:
+    """A process SIGKILLed inside the buffer's lock never releases it: the others raise StorageStateError naming
+    it (within about a second, even while it is an unreaped zombie) instead of blocking forever, and the directory
+    reopens with every episode committed before."""
+    from unienv_data.base import StorageStateError
+
+    ctx = mp.get_context("fork")
+    rb = make_buffer("memmap", tmp_path)
+    try:
+        for t in range(3):
+            rb.append(step_value(1, 0, t))
+        rb.mark_segment_end()
+        # a live holder only makes the others wait
+        ready = ctx.Event()
+        p = ctx.Process(target=hold_lock_main, args=(rb, ready, 1.5))
+        p.start()
+        assert ready.wait(JOIN_TIMEOUT)
+        t0 = time.monotonic()
+        assert rb.get_segments() == [(0, 3)]
+        assert time.monotonic() - t0 > 0.5
+        p.join(JOIN_TIMEOUT)
+        # a killed holder: an error naming it, not a hang
+        ready = ctx.Event()
+        p = ctx.Process(target=hold_lock_main, args=(rb, ready, 600.0))
+        p.start()
+        assert ready.wait(JOIN_TIMEOUT)
+        os.kill(p.pid, 9)
+        time.sleep(0.2)                       # not joined: the child is a zombie now
+        t0 = time.monotonic()
+        rb.append(step_value(1, 1, 0))        # an episode in the making is private: no lock yet
+        with pytest.raises(StorageStateError, match=f"process {p.pid} was killed while it held the lock"):
+            rb.mark_segment_end()
+        with pytest.raises(StorageStateError):
+            rb.get_segments()
+        assert time.monotonic() - t0 < 10
+        p.join(JOIN_TIMEOUT)
+        path = rb.cache_path
+    finally:
+        rb.close()
+    back = ReplayBuffer.load_from(path, backend=TB)
+    try:
+        assert back.get_segments() == [(0, 3)] and len(back) == 3
+        assert rows_of(back.get_at(slice(None)))[:, 2].tolist() == [0, 1, 2]
+    finally:
+        back.close()

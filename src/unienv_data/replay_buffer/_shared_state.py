@@ -1,7 +1,10 @@
 """Counters of a replay buffer, either private to one process or shared by every process that receives the buffer.
 
-Shared state lives in a `multiprocessing` RawArray guarded by a spawn-context RLock; both travel to child
-processes with the buffer when it is passed as a `Process` argument (fork or spawn). Segments of a shared buffer
+Shared state lives in a `multiprocessing` RawArray guarded by a spawn-context lock; both travel to child
+processes with the buffer when it is passed as a `Process` argument (fork or spawn). The lock is re-entrant per
+thread, and the array records which process holds it: a process killed while holding it never releases it, and
+whoever waits for it then raises `StorageStateError` naming that process (within `LOCK_POLL_S`) instead of waiting
+forever. Segments of a shared buffer
 are kept in the same shared memory (a table of `(start, length)` runs), so every process sees every commit.
 
 A disk-backed shared buffer (`cache_path`) also persists that table at every change (`persist_shared`): the
@@ -17,14 +20,19 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from unienv_data.base.errors import StorageStateError
 from unienv_data.base.files import atomic_write_json, is_durable
+from unienv_data.base.processes import pid_alive
 
 from ._metadata import METADATA_FILE
 
-_COUNT, _OFFSET, _NSEG, _WRITTEN, _VERSION, _HEADER = 0, 1, 2, 3, 4, 5
+_COUNT, _OFFSET, _NSEG, _WRITTEN, _VERSION, _HOLDER, _HEADER = 0, 1, 2, 3, 4, 5, 6
 _NO_LOCK = contextlib.nullcontext()
+#: How often (seconds) a process waiting for a shared buffer's lock checks that the process holding it still runs.
+LOCK_POLL_S = 0.5
 
 
 class LocalState:
@@ -58,7 +66,8 @@ class SharedState:
 
     def __init__(self, count: int, offset: int, segments: Optional[List[Tuple[int, int]]], max_segments: int) -> None:
         ctx = mp.get_context("spawn")
-        self._lock = ctx.RLock()
+        self._lock = ctx.Lock()
+        self._held = threading.local()
         self._max = max(1, int(max_segments))
         self._arr = ctx.RawArray("q", _HEADER + 2 * self._max)
         self._arr[_COUNT] = count
@@ -68,8 +77,37 @@ class SharedState:
         self.set_segments(segments or [])
 
     def locked(self) -> Any:
-        """The inter-process lock (re-entrant), used as a context manager."""
-        return self._lock
+        """The inter-process lock (re-entrant per thread), used as a context manager.
+
+        Raises:
+            StorageStateError: the process holding it died (it can never be released; see the module docstring).
+        """
+        return self
+
+    def __enter__(self) -> "SharedState":
+        held = self._held
+        depth = getattr(held, "depth", 0)
+        if depth:
+            held.depth = depth + 1
+            return self
+        lock = self._lock
+        while not lock.acquire(timeout=LOCK_POLL_S):
+            holder = int(self._arr[_HOLDER])
+            if holder and holder != os.getpid() and not pid_alive(holder):
+                raise StorageStateError(
+                    f"process {holder} was killed while it held the lock of this shared replay buffer (inside a "
+                    "commit, extend or dumps), so no process can take it again: stop the processes using the buffer "
+                    "and reopen its directory (ReplayBuffer.load_from), which keeps every episode committed before")
+        self._arr[_HOLDER] = os.getpid()
+        held.depth = 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        held = self._held
+        held.depth -= 1
+        if not held.depth:
+            self._arr[_HOLDER] = 0
+            self._lock.release()
 
     @property
     def count(self) -> int:
@@ -123,6 +161,7 @@ class SharedState:
 
     def __setstate__(self, st: Any) -> None:
         self._lock, self._arr, self._max, self._keeps_segments = st["lock"], st["arr"], st["max"], st["keeps"]
+        self._held = threading.local()
 
 
 def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None) -> None:

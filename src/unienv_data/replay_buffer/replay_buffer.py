@@ -562,7 +562,9 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             if self.cache_path is not None and st.is_mutable and not st.is_closed and st.cache_filename is not None:
                 try:
                     self._write_metadata_for(st)
-                except OSError:
+                except (OSError, StorageStateError):
+                    # a full disk, or a shared buffer whose lock died with a killed process: what the last commit
+                    # persisted stays on disk, and the storage is released all the same
                     pass
             st.close()
 

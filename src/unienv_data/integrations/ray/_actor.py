@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from unienv_data.base.processes import pid_alive
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_interface.backends import NumpyComputeBackend
@@ -27,7 +28,7 @@ from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
 from ._direct import Reservation, ReservedRows, file_targets
-from ._slabs import SlabCache, pid_alive
+from ._slabs import SlabCache
 from ._view import ViewWriter
 from .episodes import Episode, EpisodeLayout, commit_episodes
 

@@ -23,6 +23,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.processes import pid_alive
+
 #: File-name prefix of every slab.
 SLAB_PREFIX = "unienv-slab-"
 #: The actor collects the slabs of dead collectors every this many slab commits.
@@ -193,15 +195,4 @@ class SlabCache:
         return removed
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still runs on this node (one we may not signal counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:              # it exists but is not ours to signal
-        return True
-    return True
-
-
-__all__ = ["CACHE_SLABS", "GC_EVERY", "SLAB_PREFIX", "Slab", "SlabCache", "SlabPool", "pid_alive", "slab_dir", "slab_offsets"]
+__all__ = ["CACHE_SLABS", "GC_EVERY", "SLAB_PREFIX", "Slab", "SlabCache", "SlabPool", "slab_dir", "slab_offsets"]

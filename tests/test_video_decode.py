@@ -16,7 +16,8 @@ av = pytest.importorskip("av")
 
 from unienv_data.storages import _episode_files, _video_decode  # noqa: E402
 from unienv_data.storages._video_codec import _StreamSetup, select_codec  # noqa: E402
-from unienv_data.storages._video_decode import (DECODERS_PER_FILE, share_work,  # noqa: E402
+from unienv_data.storages._video_decode import (DECODERS_PER_FILE, MIN_SPLIT_FRAMES,  # noqa: E402
+                                                MIN_SPLIT_FRAMES_COSTLY, min_split_frames, share_work,
                                                 split_for_threads)
 from unienv_data.storages._video_index import EpisodeFile  # noqa: E402
 from unienv_data.storages.video_storage import VideoStorage  # noqa: E402
@@ -167,6 +168,21 @@ def test_split_for_threads_cuts_at_keyframes(monkeypatch: Any) -> None:
     assert len(split_for_threads([(_file([0]), frames, np.arange(64))], 2)) == 1
     two = [(f, frames, np.arange(64)), (f, frames + 100, np.arange(64))]
     assert len(split_for_threads(two, 2)) == 2
+
+
+def test_costly_frames_are_cut_into_shorter_parts() -> None:
+    # the threshold follows the decode cost per frame: intra-only files and large frames split short slices too
+    inter = _file(list(range(0, 300, 10)))
+    intra = _file(list(range(300)))
+    assert min_split_frames(inter, 128 * 128) == MIN_SPLIT_FRAMES
+    assert min_split_frames(inter, 256 * 256) == MIN_SPLIT_FRAMES_COSTLY
+    assert min_split_frames(inter, 1920 * 1080) == MIN_SPLIT_FRAMES_COSTLY
+    assert min_split_frames(intra, 128 * 128) == MIN_SPLIT_FRAMES_COSTLY
+    frames = np.arange(100, 164)
+    assert len(split_for_threads([(inter, frames, np.arange(64))], 2, 128 * 128)) == 1
+    assert len(split_for_threads([(inter, frames, np.arange(64))], 2, 256 * 256)) == 2
+    parts = split_for_threads([(intra, frames, np.arange(64))], 2, 128 * 128)
+    assert len(parts) == 2 and np.array_equal(np.concatenate([p[1] for p in parts]), frames)
 
 
 def test_share_work_runs_every_item_once_and_raises_errors() -> None:

@@ -8,8 +8,9 @@ dropped instead of decoded. Only the frames asked for are converted to RGB, by o
 
 A batch read sorts the frames per file and decodes each file once, forward. Files are decoded in parallel threads
 (decoding releases the GIL) that share the work with the calling thread (`share_work`); when a batch touches fewer
-files than there are threads, long runs of one file (a slice of several hundred frames) are cut at keyframes into
-parts decoded by separate decoders of that file, so a long slice uses the threads too.
+files than there are threads, long runs of one file are cut at keyframes into parts decoded by separate decoders of
+that file, so a slice uses the threads too: runs of a few dozen frames where frames are costly to decode (intra-only
+files, large frames), only runs of several hundred small inter-coded frames (see `min_split_frames`).
 
 PyAV is imported on first use only.
 """
@@ -34,11 +35,23 @@ from ._video_index import EpisodeFile, RunFileIndex
 
 #: idle decoders kept per file (more than one lets parts of a long run of one file decode in parallel)
 DECODERS_PER_FILE = 4
-#: a run of one file is cut into parts for parallel threads only if every part keeps at least this many frames.
-#: Small frames decode in ~0.1 ms, so two threads on one file mostly trade the GIL back and forth: measured on 2 cores
-#: (128x128 H.264, GOP 10), a 64-frame slice read at 7,700 f/s on one thread and 7,800 f/s cut in two (at 1.5x the
-#: CPU time), a 256-frame one at 8,100 vs 7,900-9,100. Only long runs are worth the second decoder.
+#: A run of one file is cut into parts for parallel threads only if every part keeps at least this many frames of
+#: 128x128 inter-coded video (`MIN_SPLIT_FRAMES_COSTLY` for costlier frames, see `min_split_frames`). Such frames decode in ~0.1 ms,
+#: so two threads on one file mostly trade the GIL back and forth: measured on 2 cores (H.264, GOP 10), a 64-frame
+#: slice read at 7,700 f/s on one thread and 7,800 f/s cut in two (at 1.5x the CPU time); at 256x256 a cut made a
+#: 64-frame slice 1.15x faster, and for FFV1 (every frame a keyframe, ~0.8 ms each at 128x128) 1.6x faster.
 MIN_SPLIT_FRAMES = 128
+#: The least frames per part for frames that cost more to decode (intra-only files, large frames).
+MIN_SPLIT_FRAMES_COSTLY = 16
+_REFERENCE_PIXELS = 128 * 128
+
+
+def min_split_frames(file: EpisodeFile, pixels: int) -> int:
+    """The least frames each part of a cut run of `file` keeps: `MIN_SPLIT_FRAMES_COSTLY` when frames are costly to
+    decode (an intra-only file, or frames of at least twice 128x128 `pixels`), else `MIN_SPLIT_FRAMES`."""
+    kf = file.keyframes
+    costly = (kf is not None and len(kf) >= file.frames) or pixels >= 2 * _REFERENCE_PIXELS
+    return min(MIN_SPLIT_FRAMES, MIN_SPLIT_FRAMES_COSTLY) if costly else MIN_SPLIT_FRAMES
 
 
 class FrameDecoder:
@@ -258,25 +271,27 @@ _pending_end = object()
 Part = Tuple[EpisodeFile, np.ndarray, np.ndarray]  #: (file, increasing frame numbers, destination rows)
 
 
-def _cut(part: Part) -> Optional[Tuple[Part, Part]]:
-    """`part` cut in two at a keyframe near its middle (each half keeps at least `MIN_SPLIT_FRAMES` frames), so the
+def _cut(part: Part, pixels: int) -> Optional[Tuple[Part, Part]]:
+    """`part` cut in two at a keyframe near its middle (each half keeps at least `min_split_frames` frames), so the
     second half decodes from that keyframe without re-decoding anything of the first; None when there is no such
     place (unknown keyframes, too few frames)."""
     file, frames, rows = part
     n = frames.size
-    if file.keyframes is None or n < 2 * MIN_SPLIT_FRAMES:
+    least = min_split_frames(file, pixels)
+    if file.keyframes is None or n < 2 * least:
         return None
     gop = np.searchsorted(np.asarray(file.keyframes), frames, side="right")  # which keyframe stretch each frame is in
     cuts = np.flatnonzero(gop[1:] > gop[:-1]) + 1
-    cuts = cuts[(cuts >= MIN_SPLIT_FRAMES) & (cuts <= n - MIN_SPLIT_FRAMES)]
+    cuts = cuts[(cuts >= least) & (cuts <= n - least)]
     if not cuts.size:
         return None
     c = int(cuts[np.argmin(np.abs(cuts - n / 2))])
     return (file, frames[:c], rows[:c]), (file, frames[c:], rows[c:])
 
 
-def split_for_threads(parts: List[Part], workers: int) -> List[Part]:
-    """While there are fewer parts than `workers`, cuts the longest part that can be cut (see `_cut`)."""
+def split_for_threads(parts: List[Part], workers: int, pixels: int = _REFERENCE_PIXELS) -> List[Part]:
+    """While there are fewer parts than `workers`, cuts the longest part that can be cut (see `_cut`; `pixels`:
+    pixels per frame)."""
     parts = list(parts)
     blocked: set = set()
     while len(parts) < workers:
@@ -284,7 +299,7 @@ def split_for_threads(parts: List[Part], workers: int) -> List[Part]:
         if not order:
             break
         k = order[0]
-        halves = _cut(parts[k])
+        halves = _cut(parts[k], pixels)
         if halves is None:
             blocked.add(k)
             continue
@@ -399,7 +414,7 @@ class DecoderCache:
             parts.append((index.files[int(fids[g[0]])], uniq, g[first]))
             repeats.append((g, first, inverse))
         workers = _episode_files.IO_WORKERS
-        parts = split_for_threads(parts, workers)
+        parts = split_for_threads(parts, workers, self._shape[0] * self._shape[1])
         parts.sort(key=lambda p: -int(p[1].size))  # longest first: the threads finish at about the same time
 
         def run(part: Part) -> None:
@@ -411,4 +426,5 @@ class DecoderCache:
             copy_repeats(out, g, first, inverse)
 
 
-__all__ = ["FrameDecoder", "DecoderCache", "split_for_threads", "share_work", "DECODERS_PER_FILE", "MIN_SPLIT_FRAMES"]
+__all__ = ["FrameDecoder", "DecoderCache", "split_for_threads", "min_split_frames", "share_work", "DECODERS_PER_FILE",
+           "MIN_SPLIT_FRAMES", "MIN_SPLIT_FRAMES_COSTLY"]

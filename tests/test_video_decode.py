@@ -99,6 +99,13 @@ def test_small_frames_encode_on_one_thread() -> None:
         assert _StreamSetup(container, plan_t, (H, W, 3), Fraction(15)).stream.codec_context.thread_count != 1
     finally:
         container.close()
+    # FFV1 codes every frame in slices: it keeps FFmpeg's automatic threads
+    plan_f, _ = select_codec("ffv1", True, (H, W, 3), None, None, None, "mkv", Fraction(15), "none")
+    container = av.open(io.BytesIO(), "w", format="matroska")
+    try:
+        assert _StreamSetup(container, plan_f, (H, W, 3), Fraction(15)).stream.codec_context.thread_count != 1
+    finally:
+        container.close()
 
 
 # ---------------------------------------------------------------------------------------------------- exact reads

@@ -151,6 +151,26 @@ def test_long_runs_are_split_and_read_by_several_decoders(tmp_path: Any, monkeyp
     st.close()
 
 
+def test_ffv1_decoders_use_slice_threads_unless_told(tmp_path: Any) -> None:
+    st = VideoStorage.create(SPACE, cache_path=os.path.join(os.fspath(tmp_path), "f"), codec="ffv1", file_ext="mkv",
+                             lossless=True, capacity=24)
+    frames = _frames(24)
+    st.set(slice(0, 24), frames)
+    np.testing.assert_array_equal(st.get(np.arange(23, -1, -5)), frames[np.arange(23, -1, -5)])
+    decoders = [d for idle in st._decoders._open.values() for d in idle]
+    want = min(_video_decode.SLICE_DECODE_THREADS, os.cpu_count() or 1)
+    assert decoders and all(d._cc.thread_count == want for d in decoders)
+    one = VideoStorage.load_from(st._dir, SPACE, decoder_threads=1)
+    np.testing.assert_array_equal(one.get(slice(3, 20)), frames[3:20])
+    assert all(d._cc.thread_count == 1 for idle in one._decoders._open.values() for d in idle)
+    one.close()
+    h264, _f = _storage(tmp_path, 1, 12)              # inter-coded: one thread per decoder by default
+    h264.get(np.arange(12))
+    assert all(d._cc.thread_count == 1 for idle in h264._decoders._open.values() for d in idle)
+    h264.close()
+    st.close()
+
+
 # ---------------------------------------------------------------------------------------------------- helpers
 def _file(keyframes: Any, frames: int = 300) -> EpisodeFile:
     return EpisodeFile("f.mp4", frames, 1, keyframes=keyframes)

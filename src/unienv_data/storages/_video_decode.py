@@ -33,6 +33,10 @@ from ._episode_files import copy_repeats
 from ._video_codec import _RGB_FORMATS, CONTAINERS, _av, _reformatter
 from ._video_index import EpisodeFile, RunFileIndex
 
+#: codecs whose frames are coded in independent slices (FFV1 version 3): decoded with `SLICE_DECODE_THREADS` threads
+#: by default (128x128 FFV1: 760 f/s on one thread, 1,190 f/s with two slice threads on 2 cores)
+_SLICED_CODECS = ("ffv1",)
+SLICE_DECODE_THREADS = 4
 #: idle decoders kept per file (more than one lets parts of a long run of one file decode in parallel)
 DECODERS_PER_FILE = 4
 #: A run of one file is cut into parts for parallel threads only if every part keeps at least this many frames of
@@ -57,8 +61,8 @@ def min_split_frames(file: EpisodeFile, pixels: int) -> int:
 class FrameDecoder:
     """An open video file positioned somewhere in its stream; reads frames by number, exactly."""
 
-    def __init__(self, path: str, file: EpisodeFile, shape: Tuple[int, int, int], fps: Fraction, threads: int,
-                 container_format: Optional[str] = None) -> None:
+    def __init__(self, path: str, file: EpisodeFile, shape: Tuple[int, int, int], fps: Fraction,
+                 threads: Optional[int], container_format: Optional[str] = None) -> None:
         av = _av()
         self.path = path
         self.file = file
@@ -74,6 +78,10 @@ class FrameDecoder:
                 raise StorageFormatError(f"video file {path} holds no video stream")
             self._stream = streams[0]
             cc = self._stream.codec_context
+            if threads is None:             # automatic: slice threads where frames are coded in slices
+                threads = min(SLICE_DECODE_THREADS, os.cpu_count() or 1) if cc.name in _SLICED_CODECS else 1
+                if threads > 1:
+                    cc.thread_type = "SLICE"
             cc.thread_count = threads
             h, w, c = shape
             if (cc.width, cc.height) != (w, h):
@@ -314,7 +322,8 @@ class DecoderCache:
     decoder is taken out while it reads, so two threads never share one. After `close_all()` every decoder is closed
     after use."""
 
-    def __init__(self, directory: str, shape: Tuple[int, int, int], fps: Fraction, size: int, threads: int) -> None:
+    def __init__(self, directory: str, shape: Tuple[int, int, int], fps: Fraction, size: int,
+                 threads: Optional[int]) -> None:
         self._dir = directory
         self._shape = shape
         self._fps = fps

@@ -51,7 +51,7 @@ def runtime_options(seek_mode: Any, hardware_acceleration: Any, decode_backend: 
             "hardware_acceleration": _normalize_hw(hardware_acceleration),
             "decode_backend": _pick(decode_backend, _DECODE_BACKENDS, "decode_backend"),
             "decoder_cache_size": size if cache_decoders else 0,
-            "decoder_threads": check_count(decoder_threads, "decoder_threads", 0)}
+            "decoder_threads": None if decoder_threads is None else check_count(decoder_threads, "decoder_threads", 0)}
 
 
 __all__ = ["runtime_options"]

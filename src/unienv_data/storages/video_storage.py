@@ -60,7 +60,7 @@ class VideoStorage(FileRowStorage):
     `create(space, *, codec="auto", lossless=False, fps=15, gop_size=None, file_ext="mp4", file_pixel_format=None,
     encoder_options=None, capacity=None, cache_path (required, new or empty directory), multiprocessing=False,
     hardware_acceleration="auto", seek_mode="exact", decode_backend="auto", buffer_pixel_format=None,
-    cache_decoders=True, decoder_cache_size=None, decoder_threads=1)`.
+    cache_decoders=True, decoder_cache_size=None, decoder_threads=None)`.
 
     * ``gop_size`` (keyframe interval): default 10 for inter-coded codecs (H.264, AV1, ...), 1 for intra-coded
       ones (FFV1, PNG); keyframe positions are recorded while writing and random reads seek to them.
@@ -69,8 +69,9 @@ class VideoStorage(FileRowStorage):
     * ``capacity=None`` grows; a fixed capacity is a ring.
     * ``codec`` / ``codec_base`` / ``file_pixel_format`` / ``is_exact`` / ``codec_selection`` tell what was chosen.
     * Recently used decoders stay open (``decoder_cache_size``: default 64 for small frames, down to 8 for large
-      ones; ``cache_decoders=False`` closes each after use); ``decoder_threads`` (default 1) threads per decoder -
-      batch reads decode different files in parallel threads instead.
+      ones; ``cache_decoders=False`` closes each after use); ``decoder_threads``: threads per decoder (default
+      None: FFmpeg's slice threads, up to 4, for FFV1, whose frames are coded in slices - 1.5x faster on 2 cores -
+      and 1 for everything else, where batch reads decode different files in parallel threads instead).
     * ``seek_mode`` ("exact"; "approximate" is accepted and still exact), ``decode_backend`` ("auto"/"pyav") and
       ``hardware_acceleration`` ("auto": hardware encoders first when they open; "none"/"cpu"; "required") are
       validated. Decoding always runs on the CPU.
@@ -82,7 +83,7 @@ class VideoStorage(FileRowStorage):
     def __init__(self, single_instance_space: Space, directory: str, plan: CodecPlan, fps: Any,
                  capacity: Optional[int], length: int, index: RunFileIndex, segments: SegmentLog, *,
                  read_only: bool = False, selection: Optional[Dict[str, Any]] = None, format_version: int = FORMAT_VERSION,
-                 decoder_cache_size: int = 8, decoder_threads: int = 1, seek_mode: str = "exact",
+                 decoder_cache_size: int = 8, decoder_threads: Optional[int] = None, seek_mode: str = "exact",
                  hardware_acceleration: str = "auto", decode_backend: str = "auto") -> None:
         super().__init__(single_instance_space, directory, capacity, length, segments, read_only, plan.exact, "frame")
         self._plan = plan
@@ -108,7 +109,7 @@ class VideoStorage(FileRowStorage):
                file_pixel_format: Optional[str] = None, encoder_options: Optional[Dict[str, Any]] = None,
                buffer_pixel_format: Optional[str] = None, seek_mode: str = "exact", hardware_acceleration: Any = "auto",
                decode_backend: str = "auto", cache_decoders: bool = True, decoder_cache_size: Optional[int] = None,
-               decoder_threads: int = 1, **kwargs: Any) -> "VideoStorage":
+               decoder_threads: Optional[int] = None, **kwargs: Any) -> "VideoStorage":
         """A new, empty storage in the directory `cache_path` (created; it must not hold files already)."""
         shape, cap = cls._check_create_args(single_instance_space, args, kwargs, capacity, multiprocessing)
         if not isinstance(lossless, (bool, np.bool_)):
@@ -140,7 +141,7 @@ class VideoStorage(FileRowStorage):
                   hardware_acceleration: Any = "auto", decode_backend: str = "auto",
                   buffer_pixel_format: Optional[str] = None, cache_decoders: bool = True,
                   decoder_cache_size: Optional[int] = None,
-                  decoder_threads: int = 1, **kwargs: Any) -> "VideoStorage":
+                  decoder_threads: Optional[int] = None, **kwargs: Any) -> "VideoStorage":
         """Opens a storage directory, checking its metadata against the space and `capacity` (when given) and that
         every listed video file exists with the size recorded when it was written."""
         shape = cls._check_load_args(single_instance_space, kwargs, read_only, multiprocessing)

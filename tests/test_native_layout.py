@@ -272,6 +272,33 @@ class TestDtypes:
         bad = dict(v, image=v["image"].float() + 0.7)
         expect_error((ValueError, TypeError), st.set, 1, bad)
 
+    @pytest.mark.parametrize("backend", [NB, TB], ids=["numpy", "torch"])
+    def test_refusals_from_one_leaf_children_name_the_key(self, backend: Any) -> None:
+        # leaves kept in an array of their own (images, the only bool, the only int64) are named by their key path,
+        # like the leaves of a flattened group, on every write path; nothing is written
+        sp = mixed_space(backend)
+        st = create_native_storage(sp, capacity=4)
+        good = rand_value(sp, 0)
+        st.set(0, good)
+        asarray = (lambda a, dt: torch.as_tensor(a, dtype=dt)) if backend is TB else np.asarray
+        wrong_shape = dict(good, obs=dict(good["obs"], rgb=asarray(np.zeros((3, 4, 5)), _dt(backend, "uint8"))))
+        too_big = dict(good, obs=dict(good["obs"], rgb=asarray(np.full((4, 5, 3), 300), _dt(backend, "int32"))))
+        for bad, words in ((wrong_shape, ["key 'obs/rgb'", "4, 5, 3)", "3, 4, 5)"]),
+                           (too_big, ["key 'obs/rgb'", "300", "uint8"])):
+            for write in (lambda v: st.set(1, v), lambda v: st.set(slice(1, 3), stack_tree([v, v]))):
+                exc = expect_error((ValueError, TypeError), write, bad)
+                assert all(w in str(exc) for w in words), str(exc)
+            st.mark_segment_start(1)
+            exc = expect_error((ValueError, TypeError), st.append, bad)
+            assert "key 'obs/rgb'" in str(exc)
+            st.abort_segment()
+            writer = st.open_segment_writer()
+            exc = expect_error((ValueError, TypeError), writer.append, bad)
+            assert "key 'obs/rgb'" in str(exc)
+            writer.abort()
+        assert_tree_equal(st.get(0), good)
+        st.close()
+
 
 # ---------------------------------------------------------------------------------------------------- segments
 class TestSegmentsAcrossChildren:

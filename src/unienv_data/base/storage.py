@@ -328,6 +328,18 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     #: the conversion rules `_precheck` checks a Box / Binary value with (built on first use)
     _stage_conv: Optional[LeafConverter] = None
+    #: what error messages call a value of this storage ("value"; a DictStorage names a one-leaf child by its key)
+    _value_label: str = "value"
+
+    def _name_values(self, label: str) -> None:
+        """Makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
+        "value": a `DictStorage` calls it on every child that holds a single leaf, so a refused write names the
+        key. Storages that check values with their own `LeafConverter` (``_conv``) rename it too."""
+        self._value_label = label
+        for name in ("_conv", "_stage_conv"):
+            conv = getattr(self, name, None)
+            if isinstance(conv, LeafConverter):
+                conv.where = label
 
     @property
     def _stage_checks_all(self) -> bool:
@@ -371,7 +383,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         if isinstance(self.single_instance_space, (BoxSpace, BinarySpace)):
             conv = self._stage_conv
             if conv is None:
-                conv = self._stage_conv = LeafConverter(self.single_instance_space, "value")
+                conv = self._stage_conv = LeafConverter(self.single_instance_space, self._value_label)
             if count is None:
                 conv.convert_single(value)
             else:

@@ -23,6 +23,10 @@ class WrappedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     #: name of the metadata file written next to the inner storage (set by each subclass)
     metadata_file: str = ""
 
+    def _name_values(self, label: str) -> None:
+        super()._name_values(label)
+        self.inner_storage._name_values(label)
+
     # ------------------------------------------------------------------ persistence (shared by every wrapper)
     def _metadata(self) -> Dict[str, Any]:
         """The JSON the subclass writes into `metadata_file`."""

@@ -42,12 +42,12 @@ from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.storage import SpaceStorage
-from unienv_interface.space import Space
+from unienv_interface.space import DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import batch_utils
 from unienv_interface.space.space_utils.flatten_utils import flatten_data, flatten_space, unflatten_data
 from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
-from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor,
+from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor, join_path,
                             route_space)
 from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, run_all
 
@@ -111,6 +111,9 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             raise ValueError(f"two children would share a file name: {self._paths}")
         self._cache_filename = cache_filename
         self._owns_children = False
+        for r, child in zip(routes, children):
+            if not isinstance(r.space, (DictSpace, TupleSpace)):     # one leaf: errors name its key path
+                child._name_values(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
         self._compile()
 
     # ------------------------------------------------------------------ compiled access plans

@@ -538,3 +538,33 @@ def test_close_of_a_created_storage_closes_its_own_inner(tmp_path: Any) -> None:
     inner = st.inner_storage
     st.close()
     expect_error((RuntimeError, ValueError), inner.get, 0)
+
+
+@pytest.mark.parametrize("damage", ["sidecar removed", "sidecar removed and file cut", "sidecar of another size"])
+def test_damaged_inner_files_are_refused_not_reinterpreted(tmp_path: Any, damage: str) -> None:
+    # without its sidecar the inner file would read as a reference file (capacity from its size, no segments):
+    # this library's own metadata says what to expect, so the load refuses instead of dropping episodes
+    space = DictSpace(NB, {"x": BoxSpace(NB, -100.0, 100.0, np.float32, shape=(2,))})
+    d = os.path.join(tmp_path, "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=8, cache_path=d)
+    st.mark_segment_start(0)
+    for i in range(6):
+        st.append({"x": np.array([i, i], np.float32)})
+    st.mark_segment_end()
+    st.dumps(d)
+    st.close()
+    data = os.path.join(d, "inner_storage.memmap")
+    if damage == "sidecar of another size":
+        other = os.path.join(tmp_path, "other")
+        o = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=5, cache_path=other)
+        o.dumps(other)
+        o.close()
+        for name in ("inner_storage.memmap", "inner_storage.memmap.meta.json"):
+            os.replace(os.path.join(other, name), os.path.join(d, name))
+    else:
+        os.remove(data + ".meta.json")
+        if damage.endswith("cut"):
+            with open(data, "r+b") as f:
+                f.truncate(3 * 8)
+    exc = expect_error((StorageFormatError,), FlattenedStorage.load_from, d, space)
+    assert d in str(exc) and ("missing" in str(exc) or "capacity 8" in str(exc)), str(exc)

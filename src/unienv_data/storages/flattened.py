@@ -18,7 +18,7 @@ from unienv_data.base.wrapper import WrappedStorage
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
-from ._array_storage import ArrayStorageBase
+from ._array_storage import ArrayStorageBase, sidecar_path
 from ._flat_layout import FlatRowPlan
 
 METADATA_FILE = "flattened_metadata.json"
@@ -72,6 +72,14 @@ def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[
             if s[k].get(field) != w[k][field]:
                 parts.append(f"key {k!r}: stored {field} {s[k].get(field)!r}, space gives {w[k][field]!r}")
     return "; ".join(parts) or "the layouts differ"
+
+
+def _same_space_json(space: Space, stored: Any) -> bool:
+    """Whether `stored` is exactly `space`'s JSON (then the spaces are equal, without rebuilding the stored one)."""
+    try:
+        return bool(space_to_json(space) == stored)
+    except (ValueError, TypeError):
+        return False
 
 
 class FlattenedStorage(WrappedStorage):
@@ -189,7 +197,7 @@ class FlattenedStorage(WrappedStorage):
                 if isinstance(row, dict) and row.get("dtype") != want_row:
                     diff += f"; row dtype: stored {row.get('dtype')!r}, space gives {want_row!r}"
                 raise ValueError(f"the space does not match the data stored in {path}: {diff}")
-            if "space" in meta:
+            if "space" in meta and not _same_space_json(single_instance_space, meta["space"]):
                 try:
                     stored_space = json_to_space(meta["space"], single_instance_space.backend, single_instance_space.device)
                 except ValueError as exc:
@@ -203,6 +211,17 @@ class FlattenedStorage(WrappedStorage):
                                  f"capacity={stored_cap} or omit it")
         inner = inner_cls.load_from(inner_full, plan.flat_space, capacity=capacity, read_only=read_only,
                                     multiprocessing=multiprocessing, **kwargs)
+        if version >= 1:
+            problem = None
+            if isinstance(inner, ArrayStorageBase) and not inner._has_persistent_segments():
+                problem = (f"the metadata of its rows ({os.path.basename(sidecar_path(inner_full))}: length and "
+                           "segments) is missing")
+            elif "capacity" in meta and inner.capacity != meta["capacity"]:
+                problem = (f"{meta_path} promises capacity {meta['capacity']}, but "
+                           f"{os.path.basename(inner_full)} holds {inner.capacity}")
+            if problem is not None:
+                inner.close()
+                raise StorageFormatError(f"{path}: {problem}; the directory is damaged (restore it from a copy)")
         st = cls(single_instance_space, inner, meta["inner_storage_path"],
                  cache_filename=path if inner.cache_filename is not None else None)
         st._owns_inner = True

@@ -629,6 +629,22 @@ class TestPersistence:
         assert_tree_equal(back.get(2), vals[2])
         back.close()
 
+    def test_damaged_groups_are_a_format_error(self, tmp_path: Any) -> None:
+        # the space matches the stored one, so a storage map the space cannot route means damaged metadata
+        from unienv_data.storages.native_layout import create_native_storage, load_native_storage
+        sp = nested_space()
+        path = os.path.join(tmp_path, "native")
+        st = create_native_storage(sp, capacity=4, cache_path=path)
+        st.dumps(path)
+        st.close()
+        meta_file = os.path.join(path, METADATA_FILE)
+        meta = json.load(open(meta_file))
+        assert meta["groups"]
+        del meta["groups"]
+        json.dump(meta, open(meta_file, "w"))
+        exc = expect_error((StorageFormatError,), load_native_storage, path, sp)
+        assert METADATA_FILE in str(exc) and "groups" in str(exc)
+
     def test_capacity_must_agree(self, tmp_path: Any) -> None:
         path, _ = self._dumped(tmp_path)
         exc = expect_error((ValueError,), DictStorage.load_from, path, nested_space(), capacity=3)

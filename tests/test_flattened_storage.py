@@ -568,3 +568,24 @@ def test_damaged_inner_files_are_refused_not_reinterpreted(tmp_path: Any, damage
                 f.truncate(3 * 8)
     exc = expect_error((StorageFormatError,), FlattenedStorage.load_from, d, space)
     assert d in str(exc) and ("missing" in str(exc) or "capacity 8" in str(exc)), str(exc)
+
+
+@pytest.mark.parametrize("file, edit", [
+    ("inner_storage.memmap.meta.json", lambda m: m.update(shape=5)),
+    ("inner_storage.memmap.meta.json", lambda m: m.update(dtype=["float64"])),
+    (METADATA, lambda m: m["layout"][0].update(key=["x"])),
+    (METADATA, lambda m: m["layout"].__setitem__(0, "x")),
+], ids=["sidecar-shape-int", "sidecar-dtype-list", "layout-key-list", "layout-entry-str"])
+def test_damaged_metadata_fields_raise_storage_format_errors_naming_the_file(tmp_path: Any, file: str,
+                                                                              edit: Any) -> None:
+    space = DictSpace(NB, {"x": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,)),
+                           "t": BoxSpace(NB, 0, 9, np.int64, shape=())})
+    d = os.path.join(tmp_path, "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=4, cache_path=d)
+    st.dumps(d)
+    st.close()
+    meta = json.load(open(os.path.join(d, file)))
+    edit(meta)
+    json.dump(meta, open(os.path.join(d, file), "w"))
+    exc = expect_error((StorageFormatError,), FlattenedStorage.load_from, d, space)
+    assert file in str(exc)

@@ -150,6 +150,10 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             meta = read_json(meta_file, f"{cls.__name__} metadata")
             check_format_version(meta, meta_file)
             require_fields(meta, ("dtype", "shape", "capacity", "length"), meta_file)
+            if not isinstance(meta["dtype"], str) or not (
+                    isinstance(meta["shape"], list) and all(type(d) is int and d >= 0 for d in meta["shape"])):
+                raise StorageFormatError(f"{meta_file}: invalid row dtype {meta['dtype']!r} or shape {meta['shape']!r} "
+                                         "(expected a dtype name and a list of sizes)")
             want_dtype = single_instance_space.backend.dtype_name(single_instance_space.dtype)
             if meta["dtype"] != want_dtype or list(meta["shape"]) != list(shape):
                 raise ValueError(f"{path} holds rows of {meta['dtype']}{list(meta['shape'])}, but the space asks for "

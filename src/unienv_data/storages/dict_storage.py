@@ -220,7 +220,14 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
             check_stored_space(meta["space"], single_instance_space, path, meta_path, sep)
         keys = list(entries)
         cls._check_key_kwargs(key_kwargs, keys)
-        routes = route_space(single_instance_space, keys, groups_raw, sep)
+        try:
+            routes = route_space(single_instance_space, keys, groups_raw, sep)
+        except (KeyError, ValueError, TypeError) as exc:
+            if "space" not in meta:
+                raise               # no stored space: the caller's space may be the one that does not fit
+            # the space is the stored one (checked above): the storage map or the groups themselves are damaged
+            raise StorageFormatError(f"{meta_path}: 'storage_map' / 'groups' do not fit the stored space "
+                                     f"({exc.args[0] if exc.args else exc})") from None
         children: Dict[str, SpaceStorage] = {}
         try:
             for r in routes:

@@ -190,6 +190,10 @@ class FlattenedStorage(WrappedStorage):
             stored_layout = meta.get("layout")
             if not isinstance(stored_layout, list):
                 raise StorageFormatError(f"{meta_path}: 'layout' must be a list")
+            for i, entry in enumerate(stored_layout):
+                if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)):
+                    raise StorageFormatError(f"{meta_path}: layout entry {i} = {entry!r} is malformed (expected an "
+                                             "object with a string 'key')")
             row = meta.get("row", {})
             want_row = plan.backend.dtype_name(plan.flat_space.dtype)
             if stored_layout != plan.layout_json() or not isinstance(row, dict) or row.get("dtype") != want_row:

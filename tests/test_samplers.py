@@ -452,3 +452,48 @@ def test_prioritized_validation() -> None:
     zero.update_priorities(zero.keys_for(np.arange(4)), np.zeros(4))
     with pytest.raises(IndexError, match="every priority is 0"):
         zero.sample()
+
+
+def test_segment_cache_is_not_fooled_by_a_clear_that_restores_the_counters() -> None:
+    """Regression: `segments_version` was a weighted sum of the buffer's counters, and clear() resets one of them,
+    so a cleared and refilled buffer could show the version of its state before the clear; the segment cache then
+    kept the old table and SegmentSampler returned one 'episode' spanning two. The counts below are the ones that
+    made the old sum collide."""
+    space = DictSpace(NumpyComputeBackend, {"ep": BoxSpace(NumpyComputeBackend, 0, 100, np.int64, shape=())})
+    cap = 10
+
+    def episode(rb: ReplayBuffer, ep: int, n: int) -> None:
+        w = rb.open_segment_writer()
+        for _ in range(n):
+            w.append({"ep": np.int64(ep)})
+        rb.commit_segment(w)
+
+    def old_sum(rb: ReplayBuffer) -> int:      # the former formula
+        log = None if rb._own_segments else rb.storage._segment_log()
+        return (rb._state.version * 1_000_003 + rb.total_written * 7919 + len(rb) * 31
+                + (0 if log is None else log.version))
+
+    def scenario(n: int, k: int, sample_before_clear: bool) -> Any:
+        rb = ReplayBuffer.create(FlattenedStorage, space, inner_storage_cls=NumpyMemmapStorage, capacity=cap)
+        sampler = SegmentSampler(rb, 4, seed=0)
+        rb.extend({"ep": np.zeros(n, np.int64)})
+        episode(rb, 1, cap)
+        before = old_sum(rb)
+        if sample_before_clear:
+            sampler.sample()                      # caches the segment table
+        rb.clear()
+        episode(rb, 2, 5)
+        episode(rb, 3, 5)
+        for _ in range(k):
+            rb.commit_segment(rb.open_segment_writer())   # empty commits
+        return rb, sampler, before, old_sum(rb)
+
+    _, _, a1, a2 = scenario(cap, 0, False)
+    k = next(k for k in range(7919) if (a2 - a1 + k * 1_000_003) % 7919 == 0)
+    n = cap + (a2 - a1 + k * 1_000_003) // 7919
+    rb, sampler, before, after = scenario(n, k, True)
+    assert before == after                        # the old formula would not have told the two states apart
+    assert rb.get_segments() == [(0, 5), (5, 10)]
+    data, meta = sampler.sample_with_metadata()
+    for (s, e), eps in zip(meta["segment"].tolist(), np.asarray(data["ep"])):
+        assert (s, e) in [(0, 5), (5, 10)] and len(set(eps[: e - s].tolist())) == 1

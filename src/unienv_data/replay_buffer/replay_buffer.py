@@ -33,6 +33,9 @@ from ._metadata import METADATA_FILE, read_metadata
 from ._shared_state import LocalState, SharedState, adopt_shared_segments, persist_shared
 
 
+_FIELD_MASK = (1 << 64) - 1
+
+
 class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
@@ -220,8 +223,12 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Changes whenever the segments, the length or the ring position change (for caches of `get_segments`)."""
         st = self.storage
         log = None if st is None or self._own_segments else st._segment_log()
-        return (self._state.version * 1_000_003 + self._state.total_written * 7919 + self._state.count * 31
-                + (0 if log is None else log.version))
+        # the four counters side by side in 64-bit fields (never summed: a weighted sum let two different states,
+        # e.g. before and after clear(), give the same number and a sampler reuse a stale segment table)
+        version = self._state.version
+        for part in (self._state.total_written, self._state.count, 0 if log is None else log.version):
+            version = (version << 64) | (int(part) & _FIELD_MASK)
+        return version
 
     @property
     def has_open_segment(self) -> bool:

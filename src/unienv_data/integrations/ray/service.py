@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from unienv_interface.space import Space
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 120.0
 #: Bytes a sampling call aims to bring back (many small-vector batches per call, about one image batch).
 DEFAULT_BLOCK_BYTES = 8 << 20
+#: seconds a remote sampler waits before asking a restarting buffer actor again
+RESTART_POLL_S = 0.1
 
 _ACTOR_CLASS: Any = None
 
@@ -478,7 +481,7 @@ class RemoteSampler:
     array; the block comes back through Ray's object store (zero-copy, read-only NumPy views) and is cut into
     batches here. Rows come from whole committed episodes as of the moment the actor served the call, so a batch
     may lag the newest commits by up to ``prefetch * batches_per_call`` batches. A request lost to an actor restart
-    is sent again once.
+    is sent again (every `RESTART_POLL_S` while the actor restarts, up to the client's timeout).
     """
 
     def __init__(self, client: BufferClient, batch_size: int, *, prefetch: int = 2,
@@ -514,10 +517,17 @@ class RemoteSampler:
             self._request()
         ref, seed = self._pending.popleft()
         self._request()
-        try:
-            return self.client.get(ref)
-        except ray.exceptions.RayActorError:     # the actor restarted under the request: ask once more
-            return self.client.get(self.client.actor.sample.remote(self.batch_size, self.batches_per_call, seed))
+        deadline = time.monotonic() + self.client.timeout_s
+        while True:
+            try:
+                return self.client.get(ref)
+            except ray.exceptions.RayActorError:
+                # the actor died under the request and Ray restarts it (a request sent while it is still
+                # restarting fails too, as ActorUnavailableError): ask again until it answers or the timeout ends
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(RESTART_POLL_S)
+                ref = self.client.actor.sample.remote(self.batch_size, self.batches_per_call, seed)
 
     def sample(self) -> Any:
         """The next batch (NumPy arrays in the space's structure, `batch_size` rows, read-only)."""

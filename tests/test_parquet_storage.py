@@ -255,3 +255,26 @@ def test_missing_optional_dependencies_name_the_extra(tmp_path: Any, monkeypatch
     monkeypatch.setitem(__import__("sys").modules, "h5py", None)
     with pytest.raises(ModuleNotFoundError, match=r"unienv-storage\[hdf5\]"):
         HDF5Storage.create(SPACE, 4, cache_path=str(tmp_path / "h.hdf5"))
+
+
+@pytest.mark.parametrize("piece_size", [1, 3, 4])
+def test_shrink_and_clear_after_extending_past_the_loaded_rows(tmp_path: Any, piece_size: int) -> None:
+    # extend_length adds rows the loaded columns do not hold yet: shrinking or clearing over them must work
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    space = BoxSpace(NB, -10, 10, np.float32, shape=(2,))
+    d = os.path.join(tmp_path, "pq")
+    st = ParquetStorage.create(space, capacity=None, cache_path=d, piece_size=piece_size)
+    st.extend_length(2)
+    st.set(slice(0, 2), np.ones((2, 2), np.float32))
+    st.extend_length(2)
+    st.shrink_length(1)
+    assert len(st) == 3
+    np.testing.assert_array_equal(st.get(slice(0, 3)), np.r_[np.ones((2, 2)), np.zeros((1, 2))])
+    st.extend_length(3)
+    st.dumps(d)
+    st.close()
+    back = ParquetStorage.load_from(d, space, read_only=False)
+    np.testing.assert_array_equal(back.get(slice(0, 6)), np.r_[np.ones((2, 2)), np.zeros((4, 2))])
+    back.clear()
+    assert len(back) == 0
+    back.close()

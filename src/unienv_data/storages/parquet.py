@@ -193,7 +193,9 @@ class ParquetStorage(ParquetPieces):
             self._dirty.add(new // ps)
         for k, col in enumerate(self._cols):
             if col is not None:
-                col[new:old] = self._tree.leaves[k].zeros(old - new)
+                end = min(old, len(col))    # a loaded column may stop short of rows extend_length added
+                if end > new:
+                    col[new:end] = self._tree.leaves[k].zeros(end - new)
         self._dirty = {p for p in self._dirty if p < _n_pieces(new, ps)}
         first_gone = _n_pieces(new, ps)
         for loaded in self._loaded:

@@ -526,6 +526,26 @@ def test_load_validates_metadata_and_files(tmp_path: Any) -> None:
         VideoStorage.load_from(bad, RGB)
 
 
+@pytest.mark.parametrize("damage, words", [
+    (lambda m: m.update(file_ext=[1]), "file_ext"),
+    (lambda m: (m["files"]["0_3.mkv"].update(frames=2 ** 33), m["runs"][0].__setitem__(3, 2 ** 32)), "file entry"),
+    (lambda m: m.update(capacity=2 ** 40, length=2 ** 40), "rows"),
+    (lambda m: m.update(segments=[[0, 4], [2, 4]]), "share rows"),
+    (lambda m: m.update(shape={}), "shape"),
+], ids=["file-ext-list", "frames-beyond-int32", "absurd-length", "overlapping-segments", "shape-object"])
+def test_damaged_metadata_values_are_format_errors(tmp_path: Any, damage: Any, words: str) -> None:
+    st = new(tmp_path, capacity=8)
+    write_segment(st, 0, noise_frames(4))
+    write_segment(st, 4, noise_frames(4, 1))
+    st.close()
+    meta_path = os.path.join(st.cache_filename, "video_metadata.json")
+    meta = json.load(open(meta_path))
+    damage(meta)
+    json.dump(meta, open(meta_path, "w"))
+    exc = expect_error((StorageFormatError,), VideoStorage.load_from, st.cache_filename, RGB)
+    assert words in str(exc) and st.cache_filename in str(exc), str(exc)
+
+
 def test_damaged_file_of_the_same_size_fails_on_read_naming_it(tmp_path: Any) -> None:
     st = new(tmp_path, capacity=8)
     write_segment(st, 0, noise_frames(8))

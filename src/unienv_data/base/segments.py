@@ -120,6 +120,11 @@ class SegmentLog:
                     continue
             raise StorageFormatError(f"{where}: segment entry {i} = {item!r} is not a valid [start, length] pair "
                                      f"for {'capacity ' + str(capacity) if capacity is not None else 'length ' + str(length)}")
+        clash = first_overlap(runs, capacity)
+        if clash is not None:
+            i, j = clash
+            raise StorageFormatError(f"{where}: segment entries {i} = {list(runs[i])} and {j} = {list(runs[j])} share "
+                                     "rows (a segment log never holds overlapping segments): the metadata is damaged")
         log = cls(capacity)
         log._runs = runs
         return log

@@ -265,9 +265,17 @@ def describe_rows(positions: Iterable[int]) -> str:
 def check_stored_shape(meta: Dict[str, Any], space: Space, directory: str, what: str) -> None:
     """The metadata's "shape" and "dtype" must be the space's shape and uint8 (ValueError otherwise)."""
     want = list(space.shape or ())
+    shape, dtype = meta["shape"], meta["dtype"]
+    if not (isinstance(shape, list) and all(type(d) is int and d > 0 for d in shape) and isinstance(dtype, str)):
+        raise StorageFormatError(f"{directory}: the metadata's frame shape {shape!r} or dtype {dtype!r} is damaged "
+                                 "(expected a list of sizes and a dtype name)")
     if meta["shape"] != want or meta["dtype"] != "uint8":
         raise ValueError(f"{directory} holds {meta['dtype']} {what} of shape {meta['shape']}, but the space asks for "
                          f"uint8 {want}")
+
+
+#: the most rows a Video/ImageStorage indexes (frame numbers are int32; the per-row index costs ~8 bytes a row)
+MAX_FILE_ROWS = 2 ** 31 - 1
 
 
 def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], int]:
@@ -278,6 +286,9 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
         raise StorageFormatError(f"{where}: invalid capacity {cap!r}")
     if not isinstance(length, int) or isinstance(length, bool) or length < 0 or (cap is not None and length != cap):
         raise StorageFormatError(f"{where}: invalid length {length!r} for capacity {cap!r}")
+    if max(length, cap or 0) > MAX_FILE_ROWS:
+        raise StorageFormatError(f"{where}: {max(length, cap or 0)} rows is beyond what a file-backed image storage "
+                                 f"holds ({MAX_FILE_ROWS}): the metadata is damaged")
     return cap, length
 
 

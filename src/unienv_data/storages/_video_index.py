@@ -148,6 +148,7 @@ class RunFileIndex:
             uid = desc.get("uid", "") if ok else None
             kf = desc.get("keyframes") if ok else None
             ok = ok and _is_count(frames, 1) and _is_count(nbytes, 0) and isinstance(uid, str)
+            ok = ok and int(frames) < 2 ** 31  # type: ignore[arg-type]  # frame numbers are int32
             if ok and kf is not None:
                 ok = isinstance(kf, list) and all(_is_count(k, 0) and k < frames for k in kf)  # type: ignore[operator]
             if not ok:

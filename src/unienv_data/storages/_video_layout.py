@@ -54,7 +54,7 @@ def parse_metadata(directory: str, meta: Dict[str, Any], where: str, space: Spac
     check_stored_shape(meta, space, directory, "frames")
     cap, length = check_rows_fields(meta, where)
     ext = meta["file_ext"]
-    if ext not in CONTAINERS:
+    if not isinstance(ext, str) or ext not in CONTAINERS:
         raise StorageFormatError(f"{where}: unknown file_ext {ext!r}")
     opt = meta["encoder_options"]
     if not isinstance(opt, dict) or not isinstance(meta["codec"], str) or not isinstance(meta["file_pixel_format"], str):

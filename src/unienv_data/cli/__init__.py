@@ -62,6 +62,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"unienv-data {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - anything else (damage nobody foresaw): a message, not a traceback
+        if args.debug:
+            raise
+        print(f"unienv-data {args.command}: error: {type(exc).__name__}: {exc} (rerun with --debug for the "
+              "traceback)", file=sys.stderr)
+        return 1
 
 
 __all__ = ["main", "build_parser", "CLIError"]

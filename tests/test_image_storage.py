@@ -256,3 +256,29 @@ def test_gray_images_with_a_channel_axis(tmp_path: Any, fmt: str, kwargs: dict) 
     got = st.get(slice(0, 3))
     assert got.shape == (3, H, W, 1) and st.get(0).shape == (H, W, 1)
     assert psnr(got, imgs) >= (float("inf") if st.is_exact else 30)
+
+
+@pytest.mark.parametrize("how", ["append", "writer"])
+def test_overwritten_episodes_leave_the_metadata_before_their_files_change(tmp_path: Any, how: str) -> None:
+    """What a crash leaves on disk (read by a second opener while the writer is mid-episode): an episode whose row
+    already holds a frame of the new, uncommitted one is no longer listed."""
+    d = os.path.join(tmp_path, "img")
+    st = ImageStorage.create(RGB, cache_path=d, capacity=4)
+    st.mark_segment_start(0)
+    for v in (10, 20, 30, 40):
+        st.append(np.full((H, W, 3), v, np.uint8))
+    st.mark_segment_end()
+    assert ImageStorage.load_from(d, RGB).get_segments() == [(0, 3)]
+    if how == "append":
+        st.mark_segment_start(0)
+        st.append(np.full((H, W, 3), 99, np.uint8))
+    else:
+        w = st.open_segment_writer()
+        w.append(np.full((H, W, 3), 99, np.uint8))
+        w.commit(0)
+    seen = ImageStorage.load_from(d, RGB)
+    assert int(seen.get(0)[0, 0, 0]) == 99
+    assert (0, 3) not in (seen.get_segments() or [])
+    assert seen._has_persistent_segments()
+    seen.close()
+    st.close()

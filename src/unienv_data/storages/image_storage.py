@@ -153,8 +153,10 @@ class ImageStorage(FileRowStorage):
             options = dict(meta["save_options"])
             exact = bool(meta["lossless"])
             segments = SegmentLog.from_json(meta["segments"], cap, length, where)
-        return cls(space, directory, fmt, options, exact, cap, length, written, segments, read_only=read_only,
-                   quality=quality if isinstance(quality, int) else 75)
+        st = cls(space, directory, fmt, options, exact, cap, length, written, segments, read_only=read_only,
+                 quality=quality if isinstance(quality, int) else 75)
+        st._persistent_segments = version >= 1   # a reference-written directory keeps no segment list
+        return st
 
     # ------------------------------------------------------------------ properties
     @property
@@ -297,6 +299,18 @@ class ImageStorage(FileRowStorage):
         super()._record_segment(start, length)
         if not self._read_only and self._dirty:
             self._write_metadata()
+
+    def _segments_dropped(self) -> None:
+        # an image replaces its row's file as soon as it is written: the segments it overwrites leave the metadata
+        # first, so a crash never leaves a listed episode holding a frame of another
+        if not self._read_only and not self._closed:
+            self._write_metadata()
+
+    #: this storage's metadata holds its segment list, rewritten at every commit and before segments are dropped
+    _persistent_segments = True
+
+    def _has_persistent_segments(self) -> bool:
+        return self._persistent_segments
 
     def _prepare_single(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)

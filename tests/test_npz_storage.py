@@ -202,3 +202,22 @@ def test_map_io_order_errors_and_nesting() -> None:
                              range(8))
     assert all(inner_in_pool for row in nested for (_x, _y, inner_in_pool) in row) or _io_pool.IO_POOL_WORKERS <= 1
     assert _io_pool.map_io(str, []) == []
+
+
+@pytest.mark.parametrize("field, value", [("capacity", 2 ** 40), ("capacity", 2 ** 70), ("length", 2 ** 40)])
+def test_absurd_row_counts_are_format_errors(tmp_path: Any, field: str, value: int) -> None:
+    from unienv_data.storages.npz_storage import NPZStorage
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    from unienv_interface.space import BoxSpace
+    box = BoxSpace(NB, 0, 255, np.uint8, shape=(2,))
+    p = os.path.join(tmp_path, "npz")
+    st = NPZStorage.create(box, capacity=None if field == "length" else 10, cache_path=p)
+    if field == "length":
+        st.extend_length(10)
+    st.set(np.arange(10), np.full((10, 2), 7, np.uint8))
+    st.close()
+    meta = os.path.join(p, "npz_metadata.json")
+    d = json.load(open(meta))
+    d[field] = value
+    json.dump(d, open(meta, "w"))
+    expect_error((StorageFormatError,), NPZStorage.load_from, p, box)

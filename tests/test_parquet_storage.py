@@ -278,3 +278,18 @@ def test_shrink_and_clear_after_extending_past_the_loaded_rows(tmp_path: Any, pi
     back.clear()
     assert len(back) == 0
     back.close()
+
+
+def test_piece_size_beyond_int64_is_a_format_error(tmp_path: Any) -> None:
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    space = BoxSpace(NB, -1.0, 1.0, np.float32, shape=(3,))
+    p = os.path.join(tmp_path, "pq")
+    st = ParquetStorage.create(space, capacity=10, cache_path=p, piece_size=4)
+    st.set(np.arange(10), np.zeros((10, 3), np.float32))
+    st.close()
+    meta = os.path.join(p, "_metadata.json")
+    d = json.load(open(meta))
+    d["piece_size"] = 2 ** 70
+    json.dump(d, open(meta, "w"))
+    exc = expect_error((StorageFormatError,), ParquetStorage.load_from, p, space)
+    assert "piece_size" in str(exc)

@@ -119,7 +119,20 @@ def _checked_length(where: str, mlen: Any, n_rows: int, file_cap: Optional[int])
 def check_file(f: Any, tree: LeafTree, cap_arg: Optional[int], read_only: bool,
                path: str) -> Tuple[Optional[int], int, SegmentLog, Optional[str]]:
     """Checks every dataset and the bookkeeping (attribute, and the state sidecar of a file on disk) against the
-    space; returns `(capacity, length, segments, file_id)`."""
+    space; returns `(capacity, length, segments, file_id)`. HDF5's own errors while reading a damaged file's
+    structure (h5py raises RuntimeError, OSError, KeyError, TypeError or UnicodeDecodeError for a bad B-tree, heap
+    or attribute) become StorageFormatError naming the file."""
+    try:
+        return _check_file(f, tree, cap_arg, read_only, path)
+    except (StorageFormatError, FileNotFoundError):
+        raise
+    except (RuntimeError, OSError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise StorageFormatError(f"{path}: HDF5 cannot read the file's structure ({type(exc).__name__}: {exc}); "
+                                 "the file is damaged") from None
+
+
+def _check_file(f: Any, tree: LeafTree, cap_arg: Optional[int], read_only: bool,
+                path: str) -> Tuple[Optional[int], int, SegmentLog, Optional[str]]:
     n_rows, file_cap = _check_datasets(f, tree, read_only, path)
     meta = _read_meta(f, path)
     length = n_rows

@@ -96,8 +96,15 @@ def mask_to_runs(mask: np.ndarray) -> List[List[int]]:
     return [[int(s), int(e - s)] for s, e in zip(edges[0::2], edges[1::2])]
 
 
+#: the most rows a storage keeping one file (or one record) per row indexes: more is damaged metadata
+MAX_MASK_ROWS = 2 ** 31 - 1
+
+
 def runs_to_mask(runs: Any, length: int, where: str) -> np.ndarray:
     """The bool mask of `[[start, length], ...]` runs (StorageFormatError naming a bad entry)."""
+    if length > MAX_MASK_ROWS:
+        raise StorageFormatError(f"{where}: {length} rows is beyond what a file-per-row storage holds "
+                                 f"({MAX_MASK_ROWS}): the metadata is damaged")
     mask = np.zeros(length, dtype=bool)
     if not isinstance(runs, list):
         raise StorageFormatError(f"{where}: 'written' must be a list of [start, length] pairs")

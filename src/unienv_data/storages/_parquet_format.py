@@ -107,10 +107,10 @@ def check_metadata(meta: Dict[str, Any], where: str, tree: LeafTree, read_only: 
         if field not in meta:
             raise StorageFormatError(f"{where} is missing the field {field!r}")
     ps, rows, shapes = meta["piece_size"], meta["num_rows"], meta["column_shapes"]
-    if isinstance(ps, bool) or not isinstance(ps, int) or ps <= 0:
-        raise StorageFormatError(f"{where}: piece_size must be a positive int, got {ps!r}")
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise StorageFormatError(f"{where}: num_rows must be a non-negative int, got {rows!r}")
+    if isinstance(ps, bool) or not isinstance(ps, int) or not 0 < ps < 2 ** 53:
+        raise StorageFormatError(f"{where}: piece_size must be a positive int below 2**53, got {ps!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows < 2 ** 53:
+        raise StorageFormatError(f"{where}: num_rows must be a non-negative int below 2**53, got {rows!r}")
     if not isinstance(shapes, dict):
         raise StorageFormatError(f"{where}: column_shapes must be an object, got {type(shapes).__name__}")
     dtypes = meta.get("column_dtypes")

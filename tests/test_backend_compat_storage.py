@@ -368,3 +368,22 @@ def test_replay_buffer_over_a_backend_adapter(tmp_path: Any) -> None:
     got = back.get_at(slice(0, 4))
     assert_tree_equal(got, {k: torch.stack([s[k] for s in steps[2:]]) for k in steps[0]})
     back.close()
+
+
+def test_a_recorded_inner_backend_the_inner_storage_cannot_take_is_a_format_error(tmp_path: Any) -> None:
+    from unienv_data.base.errors import StorageFormatError
+    from unienv_data.storages.backend_compat import ToBackendOrDeviceStorage
+    from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
+    from unienv_interface.space import BoxSpace
+    space = BoxSpace(TB, -1.0, 1.0, torch.float32, shape=(3,))
+    d = os.path.join(tmp_path, "b2d")
+    st = ToBackendOrDeviceStorage.create(space, NumpyMemmapStorage, backend="numpy", capacity=2, cache_path=d)
+    st.dumps(d)
+    st.close()
+    meta_file = os.path.join(d, "backend_metadata.json")
+    meta = json.load(open(meta_file))
+    meta["inner_backend"] = "pytorch"
+    json.dump(meta, open(meta_file, "w"))
+    with pytest.raises(StorageFormatError, match="backend_metadata.json"):
+        ToBackendOrDeviceStorage.load_from(d, space)

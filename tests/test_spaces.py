@@ -1104,3 +1104,13 @@ def test_flatten_round_trip_on_random_nested_spaces(spec: Any, use_torch: bool, 
     assert tuple(rows.shape) == (n, fu.flat_dim(sp))
     assert_data_equal(B, fu.unflatten_data(batched, rows, start_dim=1), data)
     assert json_round_trip(sp, B) == sp
+
+
+def test_a_huge_stored_shape_is_refused_before_any_allocation() -> None:
+    # a Box keeps full-shape float64 bounds: 2**31 elements per sample would allocate tens of GiB (found by fuzzing)
+    js = su.space_to_json(BoxSpace(NB, -1.0, 1.0, np.float32, shape=(3,)))
+    js["shape"] = [2 ** 31]
+    with pytest.raises(ValueError, match="elements per sample"):
+        su.json_to_space(js, NB)
+    js["shape"] = [2160, 3840, 3]                     # a 4K RGB frame still loads
+    assert su.json_to_space(js, NB).shape == (2160, 3840, 3)

@@ -760,3 +760,45 @@ def test_quantization_restore_is_idempotent(vals: list) -> None:
     back = inv.transform(target, q)
     assert np.all(np.abs(back - np.array(vals, np.float32)) <= 0.5 / 255 + 1e-7)
     assert np.array_equal(t.transform(space, back), q)
+
+
+@pytest.mark.parametrize("low, high, new_low, new_high", [
+    (-1e308, 1e308, -1.0, 1.0),        # the source span overflows float64
+    (0.0, 1e300, 0.0, 1e-30),          # the scale underflows to 0
+], ids=["span-overflow", "scale-underflow"])
+def test_rescale_beyond_float64_is_refused_at_create(low: float, high: float, new_low: float, new_high: float) -> None:
+    # found by fuzzing: every value used to be stored as new_low and read back as NaN, silently
+    from unienv_interface.transformations import RescaleTransformation
+    space = BoxSpace(NB, low, high, np.float64, shape=(3,))
+    exc = expect_error((ValueError,), TransformedStorage.create, space, NumpyMemmapStorage,
+                       data_transformation=RescaleTransformation(new_low, new_high), capacity=2)
+    assert "float64" in str(exc)
+
+
+def test_integer_cast_of_a_scalar_leaf() -> None:
+    from unienv_interface.transformations import DtypeTransformation
+    scalar = BoxSpace(NB, 0, 100, np.int64, shape=())
+    st = TransformedStorage.create(scalar, NumpyMemmapStorage, data_transformation=DtypeTransformation("uint8"),
+                                   capacity=4)
+    st.set(1, np.int64(42))
+    assert int(st.get(1)) == 42 and st.inner_storage.get(1).dtype == np.uint8
+    st.close()
+
+
+@pytest.mark.parametrize("key, bad", [("new_low", []), ("rounding", "nearest")])
+def test_damaged_stored_transformation_is_a_format_error(tmp_path: Any, key: str, bad: Any) -> None:
+    from unienv_interface.transformations import DtypeTransformation, RescaleTransformation
+    if key == "new_low":
+        space, tr = BoxSpace(NB, -2.0, 2.0, np.float64, shape=(2,)), RescaleTransformation(-1.0, 1.0)
+    else:
+        space, tr = BoxSpace(NB, 0, 100, np.int64, shape=(1,)), DtypeTransformation("uint8")
+    d = os.path.join(tmp_path, "t")
+    st = TransformedStorage.create(space, NumpyMemmapStorage, data_transformation=tr, capacity=2, cache_path=d)
+    st.dumps(d)
+    st.close()
+    meta_file = os.path.join(d, "transformed_metadata.json")
+    meta = json.load(open(meta_file))
+    meta["data_transformation"][key] = bad
+    json.dump(meta, open(meta_file, "w"))
+    exc = expect_error((StorageFormatError,), TransformedStorage.load_from, d, space)
+    assert "transformed_metadata.json" in str(exc)

@@ -187,8 +187,15 @@ class ToBackendOrDeviceStorage(ValueMappingStorage):
         except Exception as exc:  # noqa: BLE001 - each library raises its own type for a bad device string
             raise StorageFormatError(f"{meta_path}: invalid inner_device {dev!r} for {inner_backend}: {exc}") from None
         inner_space = _inner_space(single_instance_space, inner_backend, inner_device)
-        inner = inner_cls.load_from(inner_full, inner_space, capacity=capacity, read_only=read_only,
-                                    multiprocessing=multiprocessing, **kwargs)
+        try:
+            inner = inner_cls.load_from(inner_full, inner_space, capacity=capacity, read_only=read_only,
+                                        multiprocessing=multiprocessing, **kwargs)
+        except TypeError as exc:
+            if kwargs:
+                raise       # may be the caller's keyword arguments
+            # the recorded inner backend is one the recorded inner storage class does not take: damaged metadata
+            raise StorageFormatError(f"{meta_path}: inner_backend {meta['inner_backend']!r} does not fit the inner "
+                                     f"storage {inner_cls.__name__} ({exc})") from None
         try:
             st = cls(single_instance_space, inner, meta["inner_storage_path"],
                      cache_filename=path if inner.cache_filename is not None else None)

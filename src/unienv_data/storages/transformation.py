@@ -215,7 +215,14 @@ class TransformedStorage(ValueMappingStorage):
             if stored != single_instance_space:
                 raise ValueError(f"the space does not match the one stored in {path}: stored "
                                  f"{_describe_space(stored)}, given {_describe_space(single_instance_space)}")
-        target, _inverse = cls._plan(single_instance_space, transformation)
+        try:
+            target, _inverse = cls._plan(single_instance_space, transformation)
+        except (ValueError, TypeError) as exc:
+            # the space is the stored one when the metadata records it: then the stored transformation is damaged
+            if "space" not in meta:
+                raise
+            raise StorageFormatError(f"{meta_path}: the stored transformation does not apply to the stored space "
+                                     f"({exc})") from None
         inner = inner_cls.load_from(inner_full, target, capacity=capacity, read_only=read_only,
                                     multiprocessing=multiprocessing, **kwargs)
         try:

@@ -98,8 +98,9 @@ class DtypeTransformation(DataTransformation):
             if ks == "f":
                 lo, hi = np.maximum(lo_r, float(dlo)), np.minimum(hi_r, float(dhi))
             else:
-                lo = np.array(np.clip(lo_r, dlo, dhi).tolist(), dtype=np.dtype(self.dtype))
-                hi = np.array(np.clip(hi_r, dlo, dhi).tolist(), dtype=np.dtype(self.dtype))
+                # (np.asarray: on a 0-d object array np.clip returns a bare Python int)
+                lo = np.array(np.asarray(np.clip(lo_r, dlo, dhi)).tolist(), dtype=np.dtype(self.dtype))
+                hi = np.array(np.asarray(np.clip(hi_r, dlo, dhi)).tolist(), dtype=np.dtype(self.dtype))
         elif ks == "f":
             lo, hi = lo.astype(np.float64), hi.astype(np.float64)
         return BoxSpace(b, lo, hi, dt, device=sp.device, shape=tuple(sp.shape), metadata=sp.metadata)

@@ -99,6 +99,17 @@ class RescaleTransformation(DataTransformation):
         if np.any(target.low_numpy >= target.high_numpy):
             raise ValueError(f"the new bounds collapse when stored as {dtype_name(b, dt)} (new_low == new_high "
                              "somewhere): the map would not be invertible")
+        lo, hi = sp.low_numpy.astype(np.float64), sp.high_numpy.astype(np.float64)
+        tl, th = target.low_numpy.astype(np.float64), target.high_numpy.astype(np.float64)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            span, new_span = hi - lo, th - tl
+            scale, back = new_span / span, span / new_span
+            offset = tl - lo * scale
+        if not (np.all(np.isfinite(span)) and np.all(np.isfinite(new_span)) and np.all(np.isfinite(scale))
+                and np.all(scale > 0) and np.all(np.isfinite(back)) and np.all(np.isfinite(offset))):
+            raise ValueError(f"{_WHO}: mapping {sp!r} onto [{self.new_low}, {self.new_high}] needs a scale or offset "
+                             "beyond float64 (the spans differ by more than ~1e308, or one overflows): values would "
+                             "be lost; choose closer bounds")
         return target
 
     def _coefficients(self, sp: Space) -> Tuple[Any, ...]:

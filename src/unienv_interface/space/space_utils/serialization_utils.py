@@ -59,8 +59,9 @@ def _field(js: Mapping[str, Any], name: str, kind: str) -> Any:
         raise ValueError(f"malformed {kind} JSON: missing field {name!r}") from None
 
 
-#: Largest element count of one leaf accepted from JSON (a guard against damaged or hostile metadata).
-MAX_JSON_LEAF_ELEMENTS = 1 << 32
+#: Largest element count of one leaf accepted from JSON (a guard against damaged or hostile metadata: a Box keeps
+#: full-shape float64 bounds, 16 bytes per element). 2**26 holds a 4K RGB frame (25M elements) with room to spare.
+MAX_JSON_LEAF_ELEMENTS = 1 << 26
 
 
 def _shape(js: Mapping[str, Any], kind: str) -> tuple:

@@ -10,7 +10,48 @@ import torch
 from _flat_workloads import KEYS, SLICE_LEN, Contender, Plan
 
 
-class Flat(Contender):
+class StorageApiOps(Contender):
+    """The timed ops through the storage API (`mark_segment_start` / `append` / `mark_segment_end`, `set` of chunks,
+    `get` of batches and slices), for any storage of the workload's dict space. Subclasses prepare `plan`, `steps`
+    (one dict per step), `chunk_data` (`(start, end, dict)` per chunk), `rand` (batch indices as the storage takes
+    them) and `own` (how a slice's leaf is copied out)."""
+
+    plan: Plan
+    steps: List[Dict[str, Any]]
+    chunk_data: List[Any]
+    rand: List[Any]
+    own: Any
+
+    def append_all(self, st: Any) -> int:
+        steps = self.steps
+        for s, e in self.plan.episodes:
+            st.mark_segment_start(s)
+            for i in range(s, e):
+                st.append(steps[i])
+            st.mark_segment_end()
+        return self.plan.n
+
+    def bulk_all(self, st: Any) -> int:
+        for s, e, chunk in self.chunk_data:
+            st.set(slice(s, e), chunk)
+        return self.plan.n
+
+    def batch_all(self, st: Any) -> int:
+        for idx in self.rand:
+            st.get(idx)
+        return len(self.rand)
+
+    def slice_all(self, st: Any) -> int:
+        own = self.own
+        for o in self.plan.offsets.tolist():
+            {k: own(v) for k, v in st.get(slice(o, o + SLICE_LEN)).items()}
+        return len(self.plan.offsets)
+
+    def close(self, st: Any) -> None:
+        st.close()
+
+
+class Flat(StorageApiOps):
     """FlattenedStorage over an inner array storage."""
 
     backend = "pytorch"
@@ -73,31 +114,6 @@ class Flat(Contender):
                 self.caught.append(msg)
         return st
 
-    def append_all(self, st: Any) -> int:
-        steps = self.steps
-        for s, e in self.plan.episodes:
-            st.mark_segment_start(s)
-            for i in range(s, e):
-                st.append(steps[i])
-            st.mark_segment_end()
-        return self.plan.n
-
-    def bulk_all(self, st: Any) -> int:
-        for s, e, chunk in self.chunk_data:
-            st.set(slice(s, e), chunk)
-        return self.plan.n
-
-    def batch_all(self, st: Any) -> int:
-        for idx in self.rand:
-            st.get(idx)
-        return len(self.rand)
-
-    def slice_all(self, st: Any) -> int:
-        own = self.own
-        for o in self.plan.offsets.tolist():
-            {k: own(v) for k, v in st.get(slice(o, o + SLICE_LEN)).items()}
-        return len(self.plan.offsets)
-
     def reopen(self, st: Any, path: str) -> Any:
         st.dumps(path)
         st.close()
@@ -109,10 +125,6 @@ class Flat(Contender):
     def read(self, st: Any, idx: np.ndarray) -> Dict[str, np.ndarray]:
         native = torch.from_numpy(idx) if self.backend == "pytorch" else idx
         return {k: self.to_np(v) for k, v in st.get(native).items()}
-
-    def close(self, st: Any) -> None:
-        st.close()
-
 
 class FlatTorchMemmap(Flat):
     name, label, medium, limit = "torch-memmap", "FlattenedStorage(PytorchTensorStorage, memmap)", "disk", "raw-disk"

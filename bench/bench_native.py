@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _flat_limits import RawDisk  # noqa: E402
 from _flat_report import fmt_us, one_repeat  # noqa: E402
-from _flat_workloads import HARNESS_DIR, OPS, SLICE_LEN, UNITS, Contender, Plan  # noqa: E402
+from _flat_contenders import StorageApiOps  # noqa: E402
+from _flat_workloads import HARNESS_DIR, OPS, SLICE_LEN, UNITS, Plan  # noqa: E402
 
 STEPS_PER_EPISODE = 300
 TARGETS = {"append": 2.0, "bulk": 1.3, "batch": 1.5, "slice": 1.5, "reopen": 3.0}
@@ -67,7 +68,7 @@ def load_w2(quick: bool) -> Plan:
     return plan
 
 
-class Native(Contender):
+class Native(StorageApiOps):
     """`create_native_storage` of the W2 space, memory-mapped, NumPy backend."""
 
     name, label, medium, limit = "native", "create_native_storage (NumPy, memory-mapped)", "disk", "raw-disk"
@@ -89,34 +90,12 @@ class Native(Contender):
         self.space = DictSpace(B, spaces)
         self.steps = [{k: plan.data[k][i] for k in plan.keys} for i in range(plan.n)]
         self.chunk_data = [(s, e, {k: plan.data[k][s:e] for k in plan.keys}) for s, e in plan.chunks]
+        self.rand = list(plan.rand)
+        self.own = lambda v: v              # get returns copies already
 
     def create(self, path: str) -> Any:
         from unienv_data.storages.native_layout import create_native_storage
         return create_native_storage(self.space, capacity=self.plan.n, cache_path=path)
-
-    def append_all(self, st: Any) -> int:
-        steps = self.steps
-        for s, e in self.plan.episodes:
-            st.mark_segment_start(s)
-            for i in range(s, e):
-                st.append(steps[i])
-            st.mark_segment_end()
-        return self.plan.n
-
-    def bulk_all(self, st: Any) -> int:
-        for s, e, chunk in self.chunk_data:
-            st.set(slice(s, e), chunk)
-        return self.plan.n
-
-    def batch_all(self, st: Any) -> int:
-        for idx in self.plan.rand:
-            st.get(idx)
-        return len(self.plan.rand)
-
-    def slice_all(self, st: Any) -> int:
-        for o in self.plan.offsets.tolist():
-            st.get(slice(o, o + SLICE_LEN))      # get returns copies
-        return len(self.plan.offsets)
 
     def reopen(self, st: Any, path: str) -> Any:
         from unienv_data.storages.dict_storage import DictStorage
@@ -128,9 +107,6 @@ class Native(Contender):
 
     def read(self, st: Any, idx: np.ndarray) -> Dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in st.get(idx).items()}
-
-    def close(self, st: Any) -> None:
-        st.close()
 
 
 def bytes_on_disk(path: str) -> int:

@@ -29,6 +29,7 @@ from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
 from ._batch_writes import _batch_length, _check_only, _checked_write, _persists_segments, _slice_leaves
+from ._column_view import ColumnView
 from ._metadata import METADATA_FILE, read_metadata
 from ._shared_state import LocalState, SharedState, adopt_shared_segments, persist_shared
 
@@ -318,7 +319,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         st = self._st()
         if not hasattr(st, "get_column"):
             return super().get_column(nested_keys)   # a read-only view that selects the field on every read
-        return _ColumnView(self, st.get_column(nested_keys))  # type: ignore[attr-defined]
+        return ColumnView(self, st.get_column(nested_keys))  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ segments
     def _log(self) -> SegmentLog:
@@ -589,21 +590,3 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         state["_writer"] = None
         state["_owns_storage"] = False
         return state
-
-
-class _ColumnView(BatchBase[Any, Any, Any, Any, Any]):
-    """One column of a buffer, indexed logically (shares the buffer's counters)."""
-
-    def __init__(self, buffer: ReplayBuffer, column_storage: SpaceStorage) -> None:
-        super().__init__(column_storage.single_instance_space)
-        self._buffer = buffer
-        self._column = column_storage
-
-    def __len__(self) -> int:
-        return len(self._buffer)
-
-    def get_at(self, idx: Any) -> Any:
-        return self._column.get(self._buffer.index_with_offset(idx))
-
-    def set_at(self, idx: Any, value: Any) -> None:
-        self._column.set(self._buffer.index_with_offset(idx), value)

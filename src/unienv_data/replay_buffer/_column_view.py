@@ -1,0 +1,31 @@
+"""`ColumnView`: one column of a `ReplayBuffer` (what `get_column` returns), indexed logically like the buffer."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from unienv_data.base.common import BatchBase
+from unienv_data.base.storage import SpaceStorage
+
+if TYPE_CHECKING:
+    from .replay_buffer import ReplayBuffer
+
+
+class ColumnView(BatchBase[Any, Any, Any, Any, Any]):
+    """One column of a buffer, indexed logically (shares the buffer's counters)."""
+
+    def __init__(self, buffer: "ReplayBuffer", column_storage: SpaceStorage) -> None:
+        super().__init__(column_storage.single_instance_space)
+        self._buffer = buffer
+        self._column = column_storage
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def get_at(self, idx: Any) -> Any:
+        return self._column.get(self._buffer.index_with_offset(idx))
+
+    def set_at(self, idx: Any, value: Any) -> None:
+        self._column.set(self._buffer.index_with_offset(idx), value)
+
+
+__all__ = ["ColumnView"]

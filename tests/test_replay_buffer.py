@@ -1018,3 +1018,22 @@ def test_growable_metadata_validation(tmp_path: Any) -> None:
     rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
     assert_buffer(rb, [1, 2, 3, 4, 5], [(0, 2), (2, 3), (3, 5)])
     rb.close()
+
+
+def test_metadata_disagreeing_with_the_storage_files_is_a_format_error(tmp_path: Any) -> None:
+    # the caller gives no space: metadata.json's space differs from what the storage's own files record, so the
+    # directory is damaged (or mixed from two buffers), not a caller mistake
+    B = NumpyComputeBackend
+    space = DictSpace(B, {"x": BoxSpace(B, -1.0, 1.0, np.float32, shape=(2,))})
+    d = os.path.join(tmp_path, "rb")
+    rb = ReplayBuffer.create(FlattenedStorage, space, inner_storage_cls=NumpyMemmapStorage, capacity=4, cache_path=d)
+    rb.append({"x": np.zeros(2, np.float32)})
+    rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+    meta_file = os.path.join(d, "metadata.json")
+    meta = json.load(open(meta_file))
+    meta["single_instance_space"]["spaces"]["x"]["high"] = 2.0
+    json.dump(meta, open(meta_file, "w"))
+    with pytest.raises(StorageFormatError, match="metadata.json does not agree"):
+        ReplayBuffer.load_from(d, backend=B)

@@ -151,6 +151,14 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         except NotImplementedError as exc:      # e.g. a stored space the storage cannot hold
             raise StorageFormatError(f"{meta_path}: the stored space cannot be opened with "
                                      f"{storage_cls.__name__}: {exc}") from None
+        except StorageFormatError:
+            raise
+        except ValueError as exc:
+            if not read_only or multiprocessing or storage_kwargs:
+                raise                           # may be about the caller's own arguments
+            # space and capacity both came from metadata.json: the storage's files disagree with it
+            raise StorageFormatError(f"{meta_path} does not agree with the storage's own files in {full} ({exc}): "
+                                     "the directory is damaged or mixed from two buffers") from None
         if storage.capacity != cap:
             raise StorageFormatError(f"{meta_path}: capacity {cap} does not match the storage's {storage.capacity}")
         if cap is None and meta["count"] > len(storage):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Ty
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import DictSpace, Space
-from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, same_space_json
 
 Path = Tuple[Any, ...]
 
@@ -258,11 +258,8 @@ def describe_space(space: Any) -> str:
 
 def check_stored_space(js: Any, space: Space, path: str, meta_path: str, sep: str) -> None:
     """ValueError naming the differences when the given space is not the one the data was written with."""
-    try:
-        if space_to_json(space) == js:
-            return          # the same description: the same space (the common case, without rebuilding it)
-    except (ValueError, TypeError):
-        pass                # a space with no JSON form: compare the rebuilt one
+    if same_space_json(space, js):
+        return              # the same description: the same space (the common case, without rebuilding it)
     try:
         stored = json_to_space(js, space.backend, space.device)
     except (ValueError, TypeError, KeyError) as exc:

@@ -29,6 +29,8 @@ from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BoxSpace, Space
 
+from ._list_helpers import MAX_MASK_ROWS
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -274,10 +276,6 @@ def check_stored_shape(meta: Dict[str, Any], space: Space, directory: str, what:
                          f"uint8 {want}")
 
 
-#: the most rows a Video/ImageStorage indexes (frame numbers are int32; the per-row index costs ~8 bytes a row)
-MAX_FILE_ROWS = 2 ** 31 - 1
-
-
 def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], int]:
     """`(capacity, length)` of a storage's metadata: a positive int or None, and an int >= 0 equal to a fixed
     capacity; anything else raises StorageFormatError naming `where`."""
@@ -286,9 +284,9 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
         raise StorageFormatError(f"{where}: invalid capacity {cap!r}")
     if not isinstance(length, int) or isinstance(length, bool) or length < 0 or (cap is not None and length != cap):
         raise StorageFormatError(f"{where}: invalid length {length!r} for capacity {cap!r}")
-    if max(length, cap or 0) > MAX_FILE_ROWS:
+    if max(length, cap or 0) > MAX_MASK_ROWS:
         raise StorageFormatError(f"{where}: {max(length, cap or 0)} rows is beyond what a file-backed image storage "
-                                 f"holds ({MAX_FILE_ROWS}): the metadata is damaged")
+                                 f"holds ({MAX_MASK_ROWS}): the metadata is damaged")
     return cap, length
 
 

@@ -96,7 +96,8 @@ def mask_to_runs(mask: np.ndarray) -> List[List[int]]:
     return [[int(s), int(e - s)] for s, e in zip(edges[0::2], edges[1::2])]
 
 
-#: the most rows a storage keeping one file (or one record) per row indexes: more is damaged metadata
+#: the most rows a storage keeping one file (or one record) per row indexes (NPZ, Image, Video: frame numbers are
+#: int32, and the per-row index and written mask cost bytes per row): more is damaged metadata
 MAX_MASK_ROWS = 2 ** 31 - 1
 
 

@@ -53,9 +53,10 @@ DEFAULT_GOP = 10
 #: caller's threads (one encoder per writer) are the better place for parallelism. Larger frames keep FFmpeg's
 #: automatic thread count; ``encoder_options={"threads": "N"}`` overrides both.
 SINGLE_THREAD_ENCODE_PIXELS = 320 * 240
-#: encoders that keep FFmpeg's automatic threads even for small frames: FFV1 codes every frame on its own in slices
-#: (version 3), and 128x128 frames encoded at 700 f/s on one thread, 850-980 f/s with two (same bytes).
-_THREADED_SMALL_FRAME_ENCODERS = ("ffv1",)
+#: codecs that code every frame on its own in independent slices (FFV1 version 3): their encoders keep FFmpeg's
+#: automatic threads even for small frames (128x128: 700 f/s on one thread, 850-980 f/s with two, same bytes), and
+#: their decoders use slice threads (see `_video_decode.SLICE_DECODE_THREADS`)
+SLICED_CODECS = ("ffv1",)
 
 
 # ---------------------------------------------------------------------------------------------------- PyAV
@@ -293,7 +294,7 @@ class _StreamSetup:
         cc.time_base = 1 / fps
         cc.gop_size = plan.gop_size
         if (h * w <= SINGLE_THREAD_ENCODE_PIXELS and "threads" not in plan.options_dict
-                and plan.codec not in _THREADED_SMALL_FRAME_ENCODERS):
+                and plan.codec not in SLICED_CODECS):
             cc.thread_count = 1
         if plan.options:
             stream.options = plan.options_dict

@@ -30,12 +30,11 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 
 from . import _episode_files
 from ._episode_files import copy_repeats
-from ._video_codec import _RGB_FORMATS, CONTAINERS, _av, _reformatter
+from ._video_codec import _RGB_FORMATS, CONTAINERS, SLICED_CODECS, _av, _reformatter
 from ._video_index import EpisodeFile, RunFileIndex
 
-#: codecs whose frames are coded in independent slices (FFV1 version 3): decoded with `SLICE_DECODE_THREADS` threads
-#: by default (128x128 FFV1: 760 f/s on one thread, 1,190 f/s with two slice threads on 2 cores)
-_SLICED_CODECS = ("ffv1",)
+#: slice threads of a decoder of a `SLICED_CODECS` file by default (128x128 FFV1: 760 f/s on one thread, 1,190 f/s
+#: with two slice threads on 2 cores)
 SLICE_DECODE_THREADS = 4
 #: idle decoders kept per file (more than one lets parts of a long run of one file decode in parallel)
 DECODERS_PER_FILE = 4
@@ -55,7 +54,7 @@ def min_split_frames(file: EpisodeFile, pixels: int) -> int:
     decode (an intra-only file, or frames of at least twice 128x128 `pixels`), else `MIN_SPLIT_FRAMES`."""
     kf = file.keyframes
     costly = (kf is not None and len(kf) >= file.frames) or pixels >= 2 * _REFERENCE_PIXELS
-    return min(MIN_SPLIT_FRAMES, MIN_SPLIT_FRAMES_COSTLY) if costly else MIN_SPLIT_FRAMES
+    return MIN_SPLIT_FRAMES_COSTLY if costly else MIN_SPLIT_FRAMES
 
 
 class FrameDecoder:
@@ -79,7 +78,7 @@ class FrameDecoder:
             self._stream = streams[0]
             cc = self._stream.codec_context
             if threads is None:             # automatic: slice threads where frames are coded in slices
-                threads = min(SLICE_DECODE_THREADS, os.cpu_count() or 1) if cc.name in _SLICED_CODECS else 1
+                threads = min(SLICE_DECODE_THREADS, os.cpu_count() or 1) if cc.name in SLICED_CODECS else 1
                 if threads > 1:
                     cc.thread_type = "SLICE"
             cc.thread_count = threads

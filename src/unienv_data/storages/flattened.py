@@ -16,7 +16,7 @@ from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegment
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.wrapper import WrappedStorage
 from unienv_interface.space import BoxSpace, Space
-from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
+from unienv_interface.space.space_utils.serialization_utils import json_to_space, same_space_json, space_to_json
 
 from ._array_storage import ArrayStorageBase, sidecar_path
 from ._flat_layout import FlatRowPlan
@@ -72,14 +72,6 @@ def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[
             if s[k].get(field) != w[k][field]:
                 parts.append(f"key {k!r}: stored {field} {s[k].get(field)!r}, space gives {w[k][field]!r}")
     return "; ".join(parts) or "the layouts differ"
-
-
-def _same_space_json(space: Space, stored: Any) -> bool:
-    """Whether `stored` is exactly `space`'s JSON (then the spaces are equal, without rebuilding the stored one)."""
-    try:
-        return bool(space_to_json(space) == stored)
-    except (ValueError, TypeError):
-        return False
 
 
 class FlattenedStorage(WrappedStorage):
@@ -201,7 +193,7 @@ class FlattenedStorage(WrappedStorage):
                 if isinstance(row, dict) and row.get("dtype") != want_row:
                     diff += f"; row dtype: stored {row.get('dtype')!r}, space gives {want_row!r}"
                 raise ValueError(f"the space does not match the data stored in {path}: {diff}")
-            if "space" in meta and not _same_space_json(single_instance_space, meta["space"]):
+            if "space" in meta and not same_space_json(single_instance_space, meta["space"]):
                 try:
                     stored_space = json_to_space(meta["space"], single_instance_space.backend, single_instance_space.device)
                 except ValueError as exc:

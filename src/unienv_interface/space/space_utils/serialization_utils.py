@@ -109,4 +109,13 @@ def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Sp
     raise ValueError(f"unknown space type {kind!r} in space JSON")
 
 
-__all__ = ["space_to_json", "json_to_space"]
+def same_space_json(space: Space, js: Any) -> bool:
+    """Whether `js` is exactly `space_to_json(space)` (then the space it describes equals `space`, without rebuilding
+    it); False as well when `space` has no JSON form."""
+    try:
+        return bool(space_to_json(space) == js)
+    except (ValueError, TypeError):
+        return False
+
+
+__all__ = ["space_to_json", "json_to_space", "same_space_json"]

@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 import pytest
+from _third_party import VENVS, has_venv, venv_python
 
 torch = pytest.importorskip("torch")
 
@@ -34,7 +35,7 @@ FIXTURES = HERE / "fixtures" / "reference_v0_0_1b16"
 CHECKER = HERE / "fixtures" / "reference_read_check.py"
 REPO = HERE.parent
 # the reference venv (unienv==0.0.1b16 + torch); UNIENV_REFERENCE_PYTHON overrides where it is looked for
-REFERENCE_PYTHON = Path(os.environ.get("UNIENV_REFERENCE_PYTHON", REPO / ".bench-venvs" / "unienv" / "bin" / "python"))
+REFERENCE_PYTHON = Path(os.environ.get("UNIENV_REFERENCE_PYTHON", VENVS / "unienv" / "bin" / "python"))
 
 EXPECTED: Dict[str, Any] = json.loads((FIXTURES / "expected.json").read_text())
 FLAT = EXPECTED["flattened"]
@@ -191,13 +192,13 @@ def test_load_reference_flattened_wrong_space(reference_copy: Path) -> None:
 
 # ---------------------------------------------------------------- us -> reference
 needs_reference = pytest.mark.skipif(
-    not REFERENCE_PYTHON.exists(),
+    not has_venv("unienv", "UNIENV_REFERENCE_PYTHON"),
     reason=f"reference venv not found at {REFERENCE_PYTHON} (unienv==0.0.1b16 with torch); "
            "cannot check that the reference reads what we write")
 
 
 def reference_read(request: Dict[str, Any]) -> Dict[str, Any]:
-    proc = subprocess.run([str(REFERENCE_PYTHON), str(CHECKER), json.dumps(request)], capture_output=True,
+    proc = subprocess.run([str(venv_python("unienv", "UNIENV_REFERENCE_PYTHON")), str(CHECKER), json.dumps(request)], capture_output=True,
                           text=True, timeout=300, cwd=str(HERE), env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, (f"the reference could not read {request['path']} "
                                   f"(exit {proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 import pytest
+from _third_party import VENVS, has_venv, venv_python
 
 pytest.importorskip("h5py")
 pytest.importorskip("pyarrow")
@@ -38,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "reference_formats_v0_0_1b16"
 SCRIPT = HERE / "fixtures" / "make_reference_format_fixtures.py"
 REPO = HERE.parent
-REFERENCE_PYTHON = Path(os.environ.get("UNIENV_REFERENCE_PYTHON", REPO / ".bench-venvs" / "unienv" / "bin" / "python"))
+REFERENCE_PYTHON = Path(os.environ.get("UNIENV_REFERENCE_PYTHON", VENVS / "unienv" / "bin" / "python"))
 
 EXPECTED: Dict[str, Any] = json.loads((FIXTURES / "expected.json").read_text())["fixtures"]
 INF = float("inf")
@@ -249,7 +250,7 @@ def test_committed_fixtures_untouched_by_read_only_loads() -> None:
 
 # ---------------------------------------------------------------------------------------------------- us -> reference
 needs_reference = pytest.mark.skipif(
-    not REFERENCE_PYTHON.exists(),
+    not has_venv("unienv", "UNIENV_REFERENCE_PYTHON"),
     reason=f"reference venv not found at {REFERENCE_PYTHON} (unienv==0.0.1b16 with h5py); cannot check that the "
            "reference reads what we write")
 
@@ -261,7 +262,7 @@ def reference_read(requests: List[Dict[str, Any]], tmp: Path) -> List[Dict[str, 
     link = lend / "pyarrow"
     if not link.exists():
         link.symlink_to(os.path.dirname(pyarrow.__file__))
-    proc = subprocess.run([str(REFERENCE_PYTHON), str(SCRIPT), "read", json.dumps(requests)], capture_output=True,
+    proc = subprocess.run([str(venv_python("unienv", "UNIENV_REFERENCE_PYTHON")), str(SCRIPT), "read", json.dumps(requests)], capture_output=True,
                           text=True, timeout=300, cwd=str(tmp), env={**os.environ, "PYTHONPATH": str(lend)})
     assert proc.returncode == 0, f"the reference reader failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)

@@ -296,3 +296,104 @@ def test_import_unienv_data_does_not_import_pyarrow_or_av() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ))
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------------- convert
+def _cli(*argv: str) -> int:
+    from unienv_data.cli import main
+    return main([str(a) for a in argv])
+
+
+def _read_with_lerobot(root: Path, tmp_path: Path) -> Dict[str, Any]:
+    """What lerobot 0.4.4's own LeRobotDataset reads from `root` (tests/fixtures/lerobot_read.py in its venv)."""
+    import subprocess
+    from _third_party import venv_python
+    py = venv_python("lerobot")
+    out = tmp_path / "lerobot_read.npz"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(py), str(FIXTURES.parent / "lerobot_read.py"), str(root), str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    z = np.load(out)
+    got: Dict[str, Any] = {k: z[k] for k in z.files if k != "__meta__"}
+    got["__meta__"] = json.loads(str(z["__meta__"]))
+    return got
+
+
+def test_convert_from_lerobot_keeps_values_and_episodes(tmp_path: Path) -> None:
+    from unienv_data.inspect import open_dataset
+    assert _cli("convert", FIXTURES / "v30_multifile", tmp_path / "native", "--from", "lerobot", "--layout",
+                "native", "-q") == 0
+    with open_fixture("v30_multifile") as ds, open_dataset(str(tmp_path / "native")) as ours:
+        assert ours.episodes() == ds.get_segments()
+        want = ds.get_at(slice(None))
+        got = ours.read(np.arange(len(ds)))
+        for k in want:
+            np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)
+
+
+def test_convert_to_lerobot_opens_in_lerobot_with_equal_values(tmp_path: Path) -> None:
+    native, out = tmp_path / "native", tmp_path / "lerobot"
+    assert _cli("convert", FIXTURES / "v30_multifile", native, "--from", "lerobot", "--layout", "native", "-q") == 0
+    assert _cli("convert", native, out, "--to", "lerobot", "--fps", "10", "--task", "stack the cubes", "-q") == 0
+    with open_fixture("v30_multifile") as src:
+        want = src.get_at(slice(None))
+        segments = src.get_segments()
+    theirs = _read_with_lerobot(out, tmp_path)
+    meta = theirs["__meta__"]
+    assert meta["fps"] == 10 and meta["lerobot_version"] == "0.4.4"
+    assert [(e["index"], e["length"], e["tasks"]) for e in meta["episodes"]] == \
+        [(i, e - s, ["stack the cubes"]) for i, (s, e) in enumerate(segments)]
+    assert set(meta["task"]) == {"stack the cubes"}
+    for k in ("observation.state", "action", "frame_index", "episode_index", "index", "timestamp"):
+        np.testing.assert_array_equal(theirs[k].reshape(want[k].shape), want[k], err_msg=k)
+    with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as mine:
+        ours = mine.get_at(slice(None))
+    for cam in ("observation.images.top", "observation.images.wrist"):
+        diff = np.abs(theirs[cam].astype(np.int16) - want[cam].astype(np.int16)).mean()
+        assert diff < 6.0, f"{cam}: mean difference {diff:.2f} from the source frames"
+        # lerobot and this library decode the exported files to the same bytes
+        np.testing.assert_array_equal(theirs[cam], ours[cam], err_msg=cam)
+
+
+def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
+    from unienv_data.cli.convert import storage_for_layout
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_interface.space import BoxSpace, DictSpace
+    B = NumpyComputeBackend
+    space = DictSpace(B, {"obs": DictSpace(B, {"joints": BoxSpace(B, -1.0, 1.0, np.float32, shape=(3,)),
+                                                "cam": BoxSpace(B, 0, 255, np.uint8, shape=(16, 16, 3))}),
+                          "act": BoxSpace(B, -1.0, 1.0, np.float64, shape=(2,)),
+                          "grid": BoxSpace(B, 0.0, 1.0, np.float32, shape=(2, 2))})
+    cls, kw = storage_for_layout(space, "native")
+    rb = ReplayBuffer.create(cls, space, cache_path=str(tmp_path / "rb"), capacity=None, **kw)
+    rng = np.random.default_rng(0)
+    rows = []
+    for ep_len in (5, 7):
+        for t in range(ep_len):
+            row = {"obs": {"joints": rng.uniform(-1, 1, 3).astype(np.float32),
+                           "cam": np.full((16, 16, 3), 20 * t, np.uint8)},
+                   "act": rng.uniform(-1, 1, 2), "grid": np.zeros((2, 2), np.float32)}
+            rows.append(row)
+            rb.append(row)
+        rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+    out = tmp_path / "lr"
+    # a 2-D tabular key cannot become a LeRobot feature: the error names it and says what to do
+    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "-q") == 1
+    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "-q", "--exclude", "grid") == 1  # no --fps
+    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "--exclude", "grid",
+                "--map", "obs/cam=observation.images.front", "--map", "obs.joints=observation.state",
+                "--map", "act=action", "-q") == 0
+    with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as ds:
+        assert ds.get_segments() == [(0, 5), (5, 12)] and ds.fps == 5
+        assert set(ds.single_space.keys()) == {"observation.images.front", "observation.state", "action",
+                                               "timestamp", "frame_index", "episode_index", "index", "task_index"}
+        got = ds.get_at(slice(None))
+        np.testing.assert_array_equal(got["observation.state"], np.stack([r["obs"]["joints"] for r in rows]))
+        np.testing.assert_array_equal(got["action"], np.stack([r["act"] for r in rows]))
+        assert got["action"].dtype == np.float64
+        cam = np.stack([r["obs"]["cam"] for r in rows]).astype(np.int16)
+        assert np.abs(got["observation.images.front"].astype(np.int16) - cam).mean() < 6.0

@@ -11,6 +11,14 @@ kept with its boundaries, rows outside any episode copied as they are. Layouts:
 * `native-video`: the same with images in a `VideoStorage` (`--codec`, `--lossless`, `--crf`).
 
 The copy streams: SRC is read `--chunk` rows at a time, so memory stays bounded by one chunk whatever the size.
+
+Other formats (see `--from` / `--to`):
+
+* `--from lerobot`: SRC is a LeRobot dataset folder (v2.0, v2.1, v3.0); DST gets our layout (`--layout`, default
+  `native-video`), one segment per LeRobot episode;
+* `--to lerobot --fps N`: DST becomes a LeRobot v3.0 dataset. SRC's keys are the LeRobot feature names (nested keys
+  joined with dots), or `--map ours=theirs` renames them; uint8 (H, W, 3) keys become video cameras, the rest tabular
+  features; `--task TEXT` is every episode's task.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ def add_parser(sub: Any) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="SRC", help="dataset to read")
     p.add_argument("dst", metavar="DST", help="directory to write (must not exist or be empty, unless --force)")
-    p.add_argument("--layout", choices=LAYOUTS, required=True, help="layout of DST")
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="layout of DST (required unless --to names another format)")
     p.add_argument("--capacity", type=int, default=None,
                    help="capacity of DST (default: SRC's capacity; 0 means growable)")
     p.add_argument("--chunk", type=int, default=256, help="rows read from SRC at a time (default 256)")
@@ -42,6 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace DST if it holds files")
     add_backend_flag(p)
     add_output_flags(p)
+    from . import _lerobot_convert
+    _lerobot_convert.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -106,53 +117,67 @@ def row_of(batch: Any, i: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
     from unienv_data.inspect import describe, open_dataset
-    from unienv_data.replay_buffer import ReplayBuffer
+    from . import _lerobot_convert
     if args.chunk < 1:
         raise CLIError("--chunk must be at least 1")
-    if args.layout != "native-video" and (args.lossless or args.crf is not None or args.codec != "auto"):
-        raise CLIError("--codec, --lossless and --crf apply to --layout native-video")
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
     if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
         raise CLIError("SRC and DST must be different, non-nested directories")
+    other = _lerobot_convert.format_run(args)
+    if other is not None:
+        return other(args, src, dst)
+    if args.layout is None:
+        raise CLIError("--layout is required (or --to FORMAT)")
     with open_dataset(src, backend=args.backend) as ds:
-        n = len(ds)
-        episodes = ds.episodes()
-        cap = ds.capacity if args.capacity is None else (args.capacity or None)
-        if cap is not None and n > cap:
-            raise CLIError(f"--capacity {cap} is smaller than the {n} rows of SRC")
-        storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf)
-        prepare_output_dir(dst, set(), "convert", force=args.force)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            rb = ReplayBuffer.create(storage_cls, ds.space, cache_path=dst, capacity=cap, **kwargs)
-        notes = [str(w.message) for w in caught]
-        for note in notes:
-            if not args.quiet and not args.json:
-                print(f"warning: {note}")
-        t_start = time.perf_counter()
-        try:
-            with Progress(n, f"converting to {args.layout}", "rows", enabled=not args.quiet) as bar:
-                for s, e, is_episode in pieces(n, episodes):
-                    for c in range(s, e, args.chunk):
-                        idx = np.arange(c, min(e, c + args.chunk), dtype=np.int64)
-                        batch = ds.read(idx)
-                        if is_episode:
-                            for i in range(idx.size):
-                                rb.append(row_of(batch, i))
-                        else:
-                            rb.extend(batch)
-                        bar.update(idx.size)
+        return copy_to_buffer(ds, src, dst, args, describe(src))
+
+
+def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace, before: Dict[str, Any]) -> int:
+    """Copies the opened dataset `ds` (`space`, `len`, `episodes()`, `capacity`, `read(idx)`) into a new ReplayBuffer
+    at `dst` in `args.layout`, streaming `args.chunk` rows at a time; `before` describes SRC (its `total_bytes` and
+    `episodes`). Prints the summary; returns the exit code."""
+    import warnings
+    from unienv_data.inspect import describe
+    from unienv_data.replay_buffer import ReplayBuffer
+    if args.layout != "native-video" and (args.lossless or args.crf is not None or args.codec != "auto"):
+        raise CLIError("--codec, --lossless and --crf apply to --layout native-video")
+    n = len(ds)
+    episodes = ds.episodes()
+    cap = ds.capacity if args.capacity is None else (args.capacity or None)
+    if cap is not None and n > cap:
+        raise CLIError(f"--capacity {cap} is smaller than the {n} rows of SRC")
+    storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf)
+    prepare_output_dir(dst, set(), "convert", force=args.force)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rb = ReplayBuffer.create(storage_cls, ds.space, cache_path=dst, capacity=cap, **kwargs)
+    notes = [str(w.message) for w in caught]
+    for note in notes:
+        if not args.quiet and not args.json:
+            print(f"warning: {note}")
+    t_start = time.perf_counter()
+    try:
+        with Progress(n, f"converting to {args.layout}", "rows", enabled=not args.quiet) as bar:
+            for s, e, is_episode in pieces(n, episodes):
+                for c in range(s, e, args.chunk):
+                    idx = np.arange(c, min(e, c + args.chunk), dtype=np.int64)
+                    batch = ds.read(idx)
                     if is_episode:
-                        rb.mark_segment_end()
-            rb.dumps()
-        except BaseException:
-            rb.close()
-            raise
+                        for i in range(idx.size):
+                            rb.append(row_of(batch, i))
+                    else:
+                        rb.extend(batch)
+                    bar.update(idx.size)
+                if is_episode:
+                    rb.mark_segment_end()
+        rb.dumps()
+    except BaseException:
         rb.close()
-        seconds = time.perf_counter() - t_start
-    before, after = describe(src), describe(dst)
+        raise
+    rb.close()
+    seconds = time.perf_counter() - t_start
+    after = describe(dst)
     summary = {"src": src, "dst": dst, "layout": args.layout, "rows": n, "episodes": len(episodes),
                "episodes_written": len(after["episodes"]), "seconds": seconds, "rows_per_s": rate(n, seconds),
                "bytes_before": before["total_bytes"], "bytes_after": after["total_bytes"],

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from fractions import Fraction
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class LeRobotV3Writer:
     video encoding (default: lerobot's own, AV1 crf 30 GOP 2; `codec="auto"` takes the first lossy encoder that works).
     """
 
-    def __init__(self, root: str, fps: int, features: Dict[str, Tuple[str, Sequence[int]]],
+    def __init__(self, root: str, fps: int, features: Mapping[str, Tuple[str, Sequence[int]]],
                  robot_type: Optional[str] = None, codec: str = DEFAULT_CODEC,
                  encoder_options: Optional[Dict[str, Any]] = None, gop: int = DEFAULT_GOP) -> None:
         import_optional("pyarrow", "parquet", "Writing LeRobot datasets")

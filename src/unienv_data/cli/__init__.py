@@ -6,7 +6,8 @@ Commands (each has `--help`):
 * `info PATH`: space tree, storage per key, capacity, length, segments, bytes per key, format versions;
 * `verify PATH`: metadata, file sizes, every row readable, checksums where present (exit 1 on damage);
 * `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames;
-* `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept;
+* `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept (also
+  `--from lerobot` and `--to lerobot`);
 * `export-video PATH KEY OUT.mp4`: one camera key as a video file.
 
 Exit codes: 0 success; 1 failure or damage found (the message names the file); 2 bad command line.

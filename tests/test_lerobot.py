@@ -168,6 +168,42 @@ def test_pytorch_backend_gives_tensors() -> None:
             expected("v30_image")["frame_sha256"]["observation.images.top"][:4]
 
 
+def test_pickled_copy_reads_the_same_frames() -> None:
+    # what DataLoader workers under spawn receive: the copy opens its own decoders
+    import pickle
+    with open_fixture("v30_multifile") as ds:
+        idx = np.array([3, 30, 14])
+        want = ds.get_at(idx)
+        copy = pickle.loads(pickle.dumps(ds))
+        got, meta = copy.get_at_with_metadata(idx)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        assert meta["episode_index"].tolist() == [0, 2, 1]
+        copy.close()
+
+
+_FORKED: Any = None
+
+
+def _frames_in_child(rows: list) -> list:
+    return [sha(f) for f in _FORKED.get_at(np.asarray(rows))["observation.images.top"]]
+
+
+def test_forked_worker_reads_the_same_frames() -> None:
+    # what DataLoader workers under fork inherit: a dataset whose decoders the parent already opened
+    import multiprocessing
+    global _FORKED
+    with open_fixture("v30_video") as ds:
+        want = [sha(f) for f in ds.get_at(np.arange(37))["observation.images.top"]]
+        _FORKED = ds
+        try:
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                got = pool.map(_frames_in_child, [[0, 5, 20], [36, 1]])
+        finally:
+            _FORKED = None
+    assert got == [[want[0], want[5], want[20]], [want[36], want[1]]]
+
+
 def test_closed_dataset_refuses_reads() -> None:
     ds = open_fixture("v30_video")
     ds.get_at(0)

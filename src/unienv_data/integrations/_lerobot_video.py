@@ -73,8 +73,25 @@ class CameraFrames:
             self._files[fid] = EpisodeFile(rel, 0, 0, uid=rel)
         self._index.files = dict(self._files)
         self._scanned: Dict[int, bool] = {}
+        self._threads = threads
         self._lock = threading.Lock()
-        self._cache = DecoderCache(root, hwc, Fraction(fps), DECODERS_KEPT, threads)
+        self._cache = self._new_cache()
+        self._pid = os.getpid()
+
+    def _new_cache(self) -> DecoderCache:
+        return DecoderCache(self.root, self.hwc, Fraction(self.fps), DECODERS_KEPT, self._threads)
+
+    def __getstate__(self) -> Dict[str, object]:
+        # sent to another process (DataLoader workers, spawn): open decoders and the lock stay behind
+        state = dict(self.__dict__)
+        del state["_cache"], state["_lock"]
+        return state
+
+    def __setstate__(self, state: Dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._cache = self._new_cache()
+        self._pid = os.getpid()
 
     def _ensure_scanned(self, fids: np.ndarray) -> None:
         for fid in np.unique(fids).tolist():
@@ -99,6 +116,11 @@ class CameraFrames:
         """Writes the frame of row `rows[j]` into `out[j]` (uint8, HWC)."""
         if not rows.size:
             return
+        if self._pid != os.getpid():
+            # a forked child (DataLoader workers): the parent's open decoders are not shared, each process opens its own
+            self._lock = threading.Lock()
+            self._cache = self._new_cache()
+            self._pid = os.getpid()
         self._ensure_scanned(self._index.row_file[rows])
         # `read_rows` takes physical rows of the index: the dataset's rows are those
         self._cache.read_rows(self._index, rows, out)

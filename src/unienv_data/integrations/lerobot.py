@@ -98,6 +98,13 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
                 self._cameras[k] = CameraFrames(layout.root, k, f.hwc, self._schema.fps, layout.video_files[k], fid,
                                                 frame, threads)
         self._closed = False
+        self._init_episode_lookup()
+
+    def _init_episode_lookup(self) -> None:
+        eps = self._layout.episodes
+        self._starts = np.asarray([e.dataset_from_index for e in eps] or [0], np.int64)
+        self._episode_ids = np.asarray([e.index for e in eps] or [0], np.int64)
+        self._task_text = {int(i): t for i, t in self._layout.tasks.items()}
 
     # ------------------------------------------------------------------------------------------ constructors
     @classmethod
@@ -198,24 +205,22 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return {k: be.from_numpy(v, device=self._device) for k, v in data.items()}
 
     def get_at(self, idx: Any) -> Any:
-        return self.get_at_with_metadata(idx)[0]
+        """Sample(s) at `idx`: an int gives one sample, anything else (slice, int array, mask) a batch."""
+        norm = normalize_index(idx, self._n, "LeRobot dataset")
+        data = self._to_backend(self._read_numpy(norm.positions()))
+        return {k: v[0] for k, v in data.items()} if norm.is_single else data
 
     def get_at_with_metadata(self, idx: Any) -> Tuple[Any, Dict[str, Any]]:
-        """Sample(s) at `idx` and `{"task": text, "episode_index": ...}` (lists / arrays for a batch)."""
+        """Sample(s) at `idx` and `{"task": text, "episode_index": LeRobot episode index}` (a list of texts and an
+        int64 array for a batch)."""
         norm = normalize_index(idx, self._n, "LeRobot dataset")
         rows = norm.positions()
         data = self._to_backend(self._read_numpy(rows))
-        tasks = self._layout.task_per_row[rows]
-        texts = [self._layout.tasks.get(int(t), "") for t in tasks.tolist()]
-        episodes = np.searchsorted(self._starts, rows, side="right") - 1
-        ep_idx = np.asarray([self._layout.episodes[int(e)].index for e in episodes.tolist()], np.int64)
+        texts = [self._task_text.get(t, "") for t in self._layout.task_per_row[rows].tolist()]
+        ep_idx = self._episode_ids[np.searchsorted(self._starts, rows, side="right") - 1]
         if norm.is_single:
             return {k: v[0] for k, v in data.items()}, {"task": texts[0], "episode_index": int(ep_idx[0])}
         return data, {"task": texts, "episode_index": ep_idx}
-
-    @property
-    def _starts(self) -> np.ndarray:
-        return np.asarray([e.dataset_from_index for e in self._layout.episodes] or [0], np.int64)
 
     def get_column(self, nested_keys: Any) -> BatchBase:
         """A read-only view of one feature: a dotted name (`"observation.state"`) or its parts (`["observation",
@@ -233,6 +238,7 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         view._layout, view._schema, view._features, view._device = self._layout, self._schema, features, self._device
         view._n, view._closed = self._n, False
         view._cameras = {k: c for k, c in self._cameras.items() if k in features}
+        view._init_episode_lookup()
         return view
 
     def get_segments(self) -> List[Tuple[int, int]]:

@@ -433,3 +433,18 @@ def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
         assert got["action"].dtype == np.float64
         cam = np.stack([r["obs"]["cam"] for r in rows]).astype(np.int16)
         assert np.abs(got["observation.images.front"].astype(np.int16) - cam).mean() < 6.0
+
+
+def test_info_and_verify_on_lerobot_folders(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert _cli("info", FIXTURES / "v21_video", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "LeRobot v2.1" and d["length"] == 37 and d["episode_lengths"] == [12, 15, 10]
+    assert d["tasks"] == {"0": "pick the cube", "1": "place the cube", "2": "wave"}
+    assert _cli("verify", FIXTURES / "v30_multifile", "-q") == 0
+    assert "OK" in capsys.readouterr().out
+    root = copy_fixture("v30_video", tmp_path)
+    victim = root / "videos" / "observation.images.top" / "chunk-000" / "file-000.mp4"
+    victim.write_bytes(victim.read_bytes()[:3000])
+    assert _cli("verify", root, "-q") == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "file-000.mp4" in out

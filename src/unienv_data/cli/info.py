@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from unienv_data.inspect import describe
+    from . import _lerobot_inspect
+    if _lerobot_inspect.is_lerobot_folder(args.path):
+        return _lerobot_inspect.run_info(args)
     d = describe(args.path)
     if args.json:
         print_json(d)

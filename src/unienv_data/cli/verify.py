@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import _lerobot_inspect
+    if _lerobot_inspect.is_lerobot_folder(args.path):
+        return _lerobot_inspect.run_verify(args)
     report = verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
     if report["ok"] and args.write_checksums:
         report["checksums_written"] = write_checksums(report["root_dir"], report["files"])

@@ -448,3 +448,13 @@ def test_info_and_verify_on_lerobot_folders(tmp_path: Path, capsys: pytest.Captu
     assert _cli("verify", root, "-q") == 1
     out = capsys.readouterr().out
     assert "DAMAGED" in out and "file-000.mp4" in out
+
+
+def test_example_lerobot_roundtrip(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    example = FIXTURES.parent.parent.parent / "examples" / "lerobot_roundtrip.py"
+    proc = subprocess.run([sys.executable, str(example), "--out", str(tmp_path / "rt")], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round trip ok: " in proc.stdout and "windows: frames (8, 2, 48, 64, 3) uint8" in proc.stdout

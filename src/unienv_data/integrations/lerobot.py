@@ -40,8 +40,7 @@ FEATURE_KINDS = {"observation.state": "proprio", "action": "action"}
 def _feature_space(feature: LeRobotFeature, backend: Any, device: Any, fps: int) -> Space:
     if feature.is_camera:
         meta = {"kind": "image", "format": "rgb", "layout": "HWC", "fps": fps, "source": feature.name}
-        return BoxSpace(backend, 0, 255, backend.as_dtype(np.uint8) if hasattr(backend, "as_dtype") else np.uint8,
-                        device=device, shape=feature.hwc, metadata=meta)
+        return BoxSpace(backend, 0, 255, np.uint8, device=device, shape=feature.hwc, metadata=meta)
     dtype = TABULAR_DTYPES[feature.dtype]
     kind = FEATURE_KINDS.get(feature.name)
     meta2 = {"kind": kind} if kind else None
@@ -52,8 +51,7 @@ def _feature_space(feature: LeRobotFeature, backend: Any, device: Any, fps: int)
     else:
         info = np.iinfo(dtype)
         low, high = info.min, info.max
-    return BoxSpace(backend, low, high, backend.as_dtype(dtype) if hasattr(backend, "as_dtype") else dtype,
-                    device=device, shape=feature.shape, metadata=meta2)
+    return BoxSpace(backend, low, high, dtype, device=device, shape=feature.shape, metadata=meta2)
 
 
 def _select(schema: LeRobotSchema, include: Optional[Sequence[str]], exclude: Optional[Sequence[str]],

@@ -340,11 +340,12 @@ def _cli(*argv: str) -> int:
     return main([str(a) for a in argv])
 
 
-def _read_with_lerobot(root: Path, tmp_path: Path) -> Dict[str, Any]:
-    """What lerobot 0.4.4's own LeRobotDataset reads from `root` (tests/fixtures/lerobot_read.py in its venv)."""
+def _read_with_lerobot(root: Path, tmp_path: Path, venv: str = "lerobot") -> Dict[str, Any]:
+    """What lerobot's own LeRobotDataset reads from `root` (tests/fixtures/lerobot_read.py in the venv `venv`:
+    lerobot 0.4.4, or 0.3.3 in "lerobot_v21")."""
     import subprocess
     from _third_party import venv_python
-    py = venv_python("lerobot")
+    py = venv_python(venv)
     out = tmp_path / "lerobot_read.npz"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     env.pop("PYTHONPATH", None)
@@ -355,6 +356,20 @@ def _read_with_lerobot(root: Path, tmp_path: Path) -> Dict[str, Any]:
     got: Dict[str, Any] = {k: z[k] for k in z.files if k != "__meta__"}
     got["__meta__"] = json.loads(str(z["__meta__"]))
     return got
+
+
+@pytest.mark.parametrize("venv,name", [("lerobot", "v30_multifile"), ("lerobot", "v30_image"),
+                                       ("lerobot_v21", "v21_video")])
+def test_equal_to_lerobot_reading_the_fixture_now(tmp_path: Path, venv: str, name: str) -> None:
+    # the live form of expected.json: the lerobot that wrote the fixture reads it, in its venv, and this library's
+    # reading equals it value for value and frame for frame
+    theirs = _read_with_lerobot(FIXTURES / name, tmp_path, venv)
+    with open_fixture(name) as ds:
+        ours, meta = ds.get_at_with_metadata(slice(None))
+    assert set(ours) == {k for k in theirs if k != "__meta__"}
+    for k, v in ours.items():
+        np.testing.assert_array_equal(theirs[k].reshape(v.shape), v, err_msg=k)
+    assert theirs["__meta__"]["task"] == meta["task"]
 
 
 def test_convert_from_lerobot_keeps_values_and_episodes(tmp_path: Path) -> None:

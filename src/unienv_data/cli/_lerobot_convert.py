@@ -112,7 +112,7 @@ def to_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
     options = None if args.crf is None else {"crf": str(args.crf)}
     if args.lossless:
         raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
-    with open_dataset(src, backend="numpy") as ds:
+    with open_dataset(src, backend=args.backend) as ds:
         features, names, notes = lerobot_features(ds.leaf_spaces, _parse_map(args.map), args.exclude)
         n = len(ds)
         episodes = ds.episodes() or [(0, n)]

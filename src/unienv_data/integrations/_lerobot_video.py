@@ -24,8 +24,9 @@ from unienv_data.storages._video_index import EpisodeFile, RunFileIndex
 DECODERS_KEPT = 16
 
 
-def scan_video(path: str, fps: int) -> Tuple[int, List[int]]:
-    """`(frames, keyframe numbers)` of the first video stream of `path`, from its packets' timestamps."""
+def scan_video(path: str, fps: int) -> Tuple[np.ndarray, List[int]]:
+    """`(frame numbers, keyframe numbers)` of the first video stream of `path` (sorted), from its packets'
+    timestamps at `fps`."""
     av = _av()
     if not os.path.isfile(path):
         raise StorageNotFoundError(f"video file {path} is missing: the LeRobot dataset is incomplete")
@@ -48,11 +49,7 @@ def scan_video(path: str, fps: int) -> Tuple[int, List[int]]:
         raise StorageFormatError(f"video file {path} cannot be read ({exc}): it is truncated or damaged") from None
     if not frames:
         raise StorageFormatError(f"video file {path} holds no frames: it is truncated or damaged")
-    count = max(frames) + 1
-    if len(set(frames)) != count:
-        raise StorageFormatError(f"video file {path} holds {len(set(frames))} frames numbered up to {count - 1} at "
-                                 f"{fps} fps: frames are missing (truncated file) or the fps does not match")
-    return count, sorted(set(keys)) or [0]
+    return np.unique(np.asarray(frames, np.int64)), sorted(set(keys)) or [0]
 
 
 class CameraFrames:
@@ -102,14 +99,15 @@ class CameraFrames:
                     continue
                 f = self._files[fid]
                 path = os.path.join(self.root, f.name)
-                frames, keys = scan_video(path, self.fps)
-                used = self._index.row_frame[self._index.row_file == fid]
-                if used.size and (int(used.max()) >= frames or int(used.min()) < 0):
+                present, keys = scan_video(path, self.fps)
+                used = np.unique(self._index.row_frame[self._index.row_file == fid])
+                absent = used[~np.isin(used, present)]
+                if absent.size:
                     raise StorageFormatError(
-                        f"video file {path} holds {frames} frames, but the dataset's rows of {self.key!r} need frame "
-                        f"{int(used.max()) if int(used.max()) >= frames else int(used.min())}: the file is truncated "
-                        "or the episode metadata does not match it")
-                f.frames, f.keyframes, f.nbytes = frames, keys, os.path.getsize(path)
+                        f"video file {path} holds {present.size} frames (numbers {int(present[0])}..."
+                        f"{int(present[-1])} at {self.fps} fps), but the dataset's rows of {self.key!r} need frame "
+                        f"{int(absent[0])}: the file is truncated or the episode metadata does not match it")
+                f.frames, f.keyframes, f.nbytes = int(present[-1]) + 1, keys, os.path.getsize(path)
                 self._scanned[fid] = True
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> None:

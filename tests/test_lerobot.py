@@ -28,7 +28,7 @@ from unienv_data.base.errors import StorageClosedError, StorageFormatError  # no
 from unienv_data.integrations.lerobot import LeRobotAsUniEnvDataset  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lerobot"
-NAMES = ["v30_video", "v30_multifile", "v30_image", "v21_video"]
+NAMES = ["v30_video", "v30_multifile", "v30_image", "v21_video", "v21_image"]
 
 
 def expected(name: str) -> Dict[str, Any]:
@@ -359,7 +359,7 @@ def _read_with_lerobot(root: Path, tmp_path: Path, venv: str = "lerobot") -> Dic
 
 
 @pytest.mark.parametrize("venv,name", [("lerobot", "v30_multifile"), ("lerobot", "v30_image"),
-                                       ("lerobot_v21", "v21_video")])
+                                       ("lerobot_v21", "v21_video"), ("lerobot_v21", "v21_image")])
 def test_equal_to_lerobot_reading_the_fixture_now(tmp_path: Path, venv: str, name: str) -> None:
     # the live form of expected.json: the lerobot that wrote the fixture reads it, in its venv, and this library's
     # reading equals it value for value and frame for frame

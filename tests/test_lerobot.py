@@ -473,3 +473,14 @@ def test_example_lerobot_roundtrip(tmp_path: Path) -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round trip ok: " in proc.stdout and "windows: frames (8, 2, 48, 64, 3) uint8" in proc.stdout
+
+
+def test_plot_on_a_lerobot_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    assert _cli("plot", FIXTURES / "v30_multifile", "--out", tmp_path / "plots", "-q", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 3 and summary["steps"] == 37
+    assert set(summary["image_keys"]) == {"observation.images.top", "observation.images.wrist"}
+    names = sorted(os.path.basename(f) for f in summary["files"])
+    assert "frames_observation.images.wrist.png" in names and "episode_lengths.png" in names
+    assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names)

@@ -5,7 +5,8 @@ Commands (each has `--help`):
 * `demo --out DIR`: record synthetic robot episodes with the native layout, reopen, sample, summarise, preview;
 * `info PATH`: space tree, storage per key, capacity, length, segments, bytes per key, format versions;
 * `verify PATH`: metadata, file sizes, every row readable, checksums where present (exit 1 on damage);
-* `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames;
+* `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames
+  (`info`, `verify` and `plot` also read a LeRobot dataset folder);
 * `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept (also
   `--from lerobot` and `--to lerobot`);
 * `export-video PATH KEY OUT.mp4`: one camera key as a video file.

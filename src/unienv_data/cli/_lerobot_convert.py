@@ -154,35 +154,6 @@ def to_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- --from lerobot
-class LeRobotSource:
-    """A LeRobot folder with what `convert.copy_to_buffer` reads: `space`, `len`, `episodes()`, `capacity`, `read`."""
-
-    def __init__(self, path: str, backend: str) -> None:
-        from unienv_data.integrations.lerobot import LeRobotAsUniEnvDataset
-        if backend == "pytorch":
-            from unienv_interface.backends.pytorch import PyTorchComputeBackend as B
-        else:
-            from unienv_interface.backends.numpy import NumpyComputeBackend as B  # type: ignore[assignment]
-        self.ds = LeRobotAsUniEnvDataset.from_local(path, B)
-        self.space = self.ds.single_space
-        self.capacity = None
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def episodes(self) -> List[Tuple[int, int]]:
-        return self.ds.get_segments()
-
-    def read(self, idx: Any) -> Any:
-        return self.ds.get_at(idx)
-
-    def __enter__(self) -> "LeRobotSource":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.ds.close()
-
-
 def _folder_bytes(path: str) -> int:
     total = 0
     for d, _dirs, files in os.walk(path):
@@ -195,6 +166,7 @@ def _folder_bytes(path: str) -> int:
 
 
 def from_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
+    from ._lerobot_inspect import LeRobotSource
     from .convert import copy_to_buffer
     if args.layout is None:
         args.layout = "native-video"
@@ -203,5 +175,5 @@ def from_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
         return copy_to_buffer(ds, src, dst, args, before)
 
 
-__all__ = ["add_arguments", "format_run", "to_lerobot", "from_lerobot", "lerobot_features", "LeRobotSource",
-           "FROM_FORMATS", "TO_FORMATS"]
+__all__ = ["add_arguments", "format_run", "to_lerobot", "from_lerobot", "lerobot_features", "FROM_FORMATS",
+           "TO_FORMATS"]

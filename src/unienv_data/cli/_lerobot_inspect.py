@@ -1,6 +1,7 @@
-"""`unienv-data info` and `verify` on a LeRobot dataset folder (one holding `meta/info.json` with a
-`codebase_version`): what it holds, from its metadata and parquet files; and a full check that opens it with
-`LeRobotAsUniEnvDataset` and reads (decodes) every frame. `info.py` and `verify.py` hook these in.
+"""The commands on a LeRobot dataset folder (one holding `meta/info.json` with a `codebase_version`): `info` (what
+it holds, from its metadata and parquet files), `verify` (opens it with `LeRobotAsUniEnvDataset` and decodes every
+frame), and `LeRobotSource`, the opened folder that `plot` and `convert --from lerobot` read like one of our
+datasets. `info.py`, `verify.py`, `plot.py` and `convert.py` hook these in.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,6 +26,58 @@ def is_lerobot_folder(path: str) -> bool:
             return "codebase_version" in json.load(f)
     except (OSError, ValueError):
         return True   # a damaged info.json of a LeRobot folder: `verify` reports it
+
+
+class LeRobotSource:
+    """A LeRobot folder opened with `LeRobotAsUniEnvDataset`, with what the commands read from one of our datasets
+    (`inspect.OpenedDataset`): `space`, `leaf_spaces`, `backend`, `len`, `episodes()`, `capacity`, `image_keys()`,
+    `read(idx)` and `read_numpy(idx, keys)` (only the named features are read)."""
+
+    def __init__(self, path: str, backend: str = "auto") -> None:
+        from unienv_data.integrations.lerobot import LeRobotAsUniEnvDataset
+        if backend == "pytorch":
+            from unienv_interface.backends.pytorch import PyTorchComputeBackend as B
+        else:
+            from unienv_interface.backends.numpy import NumpyComputeBackend as B  # type: ignore[assignment]
+        self.ds = LeRobotAsUniEnvDataset.from_local(path, B)
+        space: Any = self.ds.single_space
+        self.space = space
+        self.leaf_spaces: Dict[str, Any] = dict(space.spaces)
+        self.backend = B
+        self.capacity = None
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def episodes(self) -> List[Tuple[int, int]]:
+        return self.ds.get_segments()
+
+    def image_keys(self) -> List[str]:
+        return [k for k in self.leaf_spaces if self.ds.schema.features[k].is_camera]
+
+    def read(self, idx: Any) -> Any:
+        return self.ds.get_at(idx)
+
+    def read_numpy(self, idx: Any, keys: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
+        view = self.ds if keys is None else self.ds._only(list(keys))
+        return {k: np.asarray(self.backend.to_numpy(v)) for k, v in view.get_at(np.asarray(idx, np.int64)).items()}
+
+    def close(self) -> None:
+        self.ds.close()
+
+    def __enter__(self) -> "LeRobotSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ds.close()
+
+
+def open_any(path: str, backend: str = "auto") -> Any:
+    """`LeRobotSource` for a LeRobot folder, else `inspect.open_dataset` (one of our datasets)."""
+    if is_lerobot_folder(path):
+        return LeRobotSource(path, backend)
+    from unienv_data.inspect import open_dataset
+    return open_dataset(path, backend=backend)
 
 
 def _bytes_by_top_dir(root: str) -> Dict[str, int]:
@@ -158,5 +211,5 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
-__all__ = ["is_lerobot_folder", "describe_lerobot", "render_info", "run_info", "verify_lerobot", "render_verify",
+__all__ = ["LeRobotSource", "open_any", "is_lerobot_folder", "describe_lerobot", "render_info", "run_info", "verify_lerobot", "render_verify",
            "run_verify"]

@@ -46,15 +46,15 @@ def _pyplot() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from unienv_data.inspect import open_dataset
     from ._images import episode_sheet
+    from ._lerobot_inspect import open_any
     plt = _pyplot()
     path = os.path.abspath(args.path)
     out = os.path.abspath(args.out) if args.out else (
         os.path.join(path, "plots") if os.path.isdir(path) else path + "-plots")
     os.makedirs(out, exist_ok=True)
     written: List[str] = []
-    with open_dataset(path, backend=args.backend) as ds:
+    with open_any(path, backend=args.backend) as ds:     # one of our datasets, or a LeRobot folder
         episodes = ds.episodes()
         images = ds.image_keys()
         lowdim = [k for k, sp in ds.leaf_spaces.items() if k not in images and _is_numeric(sp)]

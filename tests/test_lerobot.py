@@ -484,3 +484,23 @@ def test_plot_on_a_lerobot_folder(tmp_path: Path, capsys: pytest.CaptureFixture)
     names = sorted(os.path.basename(f) for f in summary["files"])
     assert "frames_observation.images.wrist.png" in names and "episode_lengths.png" in names
     assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names)
+
+
+def test_round_trip_keeps_every_frames_task(tmp_path: Path) -> None:
+    native, out = tmp_path / "native", tmp_path / "lerobot"
+    src = FIXTURES / "v21_video"          # episode 1 has two tasks
+    assert _cli("convert", src, native, "--from", "lerobot", "--layout", "native", "-q") == 0
+    assert _cli("convert", native, out, "--to", "lerobot", "--fps", "10", "--task-key", "task_index",
+                "--task-names", src, "-q") == 0
+    exp = expected("v21_video")
+    theirs = _read_with_lerobot(out, tmp_path)
+    assert theirs["__meta__"]["task"] == exp["task"]
+    assert [e["tasks"] for e in theirs["__meta__"]["episodes"]] == [e["tasks"] for e in exp["episodes"]]
+    with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as ds:
+        assert ds.get_at_with_metadata(slice(None))[1]["task"] == exp["task"]
+        assert [e.tasks for e in ds.episode_metadata] == [["pick the cube"], ["place the cube", "wave"],
+                                                          ["pick the cube"]]
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps(["pick the cube"]))       # index 1 and 2 have no text: refused, named
+    assert _cli("convert", native, tmp_path / "x", "--to", "lerobot", "--fps", "10", "--task-key", "task_index",
+                "--task-names", names, "-q") == 1

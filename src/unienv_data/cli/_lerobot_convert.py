@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
                    help="--to lerobot: write our key OURS (a/b or a.b) as the feature THEIRS (repeatable)")
     p.add_argument("--task", default="", help="--to lerobot: the task text of every episode (default empty)")
+    p.add_argument("--task-key", default=None, metavar="KEY",
+                   help="--to lerobot: SRC key holding each frame's task index (e.g. task_index of data converted "
+                        "from LeRobot); --task-names gives the texts")
+    p.add_argument("--task-names", default=None, metavar="FILE|DIR",
+                   help="--to lerobot: texts of the --task-key indices: a JSON list or {index: text} object, or the "
+                        "LeRobot folder the data came from")
     p.add_argument("--robot-type", default=None, help="--to lerobot: robot_type of info.json")
     p.add_argument("--exclude", action="append", default=[], metavar="KEY",
                    help="--to lerobot: leave our key KEY out (repeatable)")
@@ -100,6 +106,35 @@ def lerobot_features(leaf_spaces: Dict[str, Any], mapping: Dict[str, str], exclu
     return features, names, notes
 
 
+def _task_names(source: str) -> Dict[int, str]:
+    """Task texts by index from a JSON file (a list, or an object keyed by index) or a LeRobot folder."""
+    import json
+    if os.path.isdir(source):
+        from unienv_data.integrations._lerobot_format import load_tasks
+        return load_tasks(source)
+    try:
+        with open(source, "r", encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"--task-names {source}: cannot be read as JSON ({exc})") from None
+    if isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+        return dict(enumerate(raw))
+    if isinstance(raw, dict) and all(isinstance(t, str) for t in raw.values()):
+        try:
+            return {int(k): v for k, v in raw.items()}
+        except ValueError:
+            pass
+    raise CLIError(f"--task-names {source}: expected a JSON list of task texts or an object {{index: text}}")
+
+
+def _texts_of(indices: np.ndarray, names: Dict[int, str], key: str) -> List[str]:
+    flat = np.asarray(indices).reshape(indices.shape[0], -1)[:, 0].tolist()
+    missing = sorted({int(i) for i in flat if int(i) not in names})
+    if missing:
+        raise CLIError(f"--task-key {key}: task index(es) {missing[:10]} have no text in --task-names")
+    return [names[int(i)] for i in flat]
+
+
 def to_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
     from unienv_data.inspect import open_dataset
     from unienv_data.integrations.lerobot_export import LeRobotV3Writer
@@ -112,7 +147,13 @@ def to_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
     options = None if args.crf is None else {"crf": str(args.crf)}
     if args.lossless:
         raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
+    if (args.task_key is None) != (args.task_names is None):
+        raise CLIError("--task-key and --task-names go together (the indices and their texts)")
+    task_names = _task_names(args.task_names) if args.task_names is not None else {}
+    task_key = None if args.task_key is None else args.task_key.replace(".", "/")
     with open_dataset(src, backend=args.backend) as ds:
+        if task_key is not None and task_key not in ds.leaf_spaces:
+            raise CLIError(f"--task-key {args.task_key}: SRC has no such key; its keys are {sorted(ds.leaf_spaces)}")
         features, names, notes = lerobot_features(ds.leaf_spaces, _parse_map(args.map), args.exclude)
         n = len(ds)
         episodes = ds.episodes() or [(0, n)]
@@ -130,8 +171,10 @@ def to_lerobot(args: argparse.Namespace, src: str, dst: str) -> int:
                     writer.begin_episode(args.task)
                     for c in range(s, e, args.chunk):
                         idx = np.arange(c, min(e, c + args.chunk), dtype=np.int64)
-                        data = ds.read_numpy(idx, list(names))
-                        writer.add_frames({names[k]: v for k, v in data.items()})
+                        wanted = list(names) + ([task_key] if task_key and task_key not in names else [])
+                        data = ds.read_numpy(idx, wanted)
+                        texts = None if task_key is None else _texts_of(data[task_key], task_names, args.task_key)
+                        writer.add_frames({names[k]: v for k, v in data.items() if k in names}, texts)
                         bar.update(idx.size)
                     writer.end_episode()
             writer.finish()

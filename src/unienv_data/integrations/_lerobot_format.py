@@ -253,6 +253,11 @@ def _tasks_v2(root: str) -> Dict[int, str]:
     return out
 
 
+def load_tasks(root: str) -> Dict[int, str]:
+    """task_index -> task text of the LeRobot dataset at `root` (`meta/tasks.parquet` or `meta/tasks.jsonl`)."""
+    return _tasks_v3(root) if parse_info(root).is_v3 else _tasks_v2(root)
+
+
 def _episode_tasks(raw: Any, where: str) -> List[str]:
     if raw is None:
         return []
@@ -481,4 +486,4 @@ def load_layout(root: str, features: Optional[List[str]] = None) -> LeRobotLayou
 
 
 __all__ = ["SUPPORTED_VERSIONS", "LeRobotFeature", "LeRobotSchema", "EpisodeMetadata", "LeRobotLayout",
-           "parse_info", "load_layout", "read_parquet", "column_to_numpy"]
+           "parse_info", "load_layout", "load_tasks", "read_parquet", "column_to_numpy"]

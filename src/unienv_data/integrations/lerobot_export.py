@@ -107,16 +107,20 @@ class LeRobotV3Writer:
 
     # ------------------------------------------------------------------------------------------ episodes
     def begin_episode(self, task: str = "") -> None:
+        """Opens the next episode; its frames have the task text `task` unless `add_frames` gives theirs."""
         if self._ep is not None:
             raise RuntimeError("an episode is open; call end_episode() first")
         if not isinstance(task, str):
             raise TypeError(f"task must be a string, got {task!r}")
-        ti = self._tasks.setdefault(task, len(self._tasks))
-        self._ep = {"task": task, "task_index": ti, "length": 0, "cols": {k: [] for k in self.tabular},
+        self._ep = {"task": task, "length": 0, "cols": {k: [] for k in self.tabular}, "tasks": [],
                     "first_frame": {k: (self._encoders[k].frames if k in self._encoders else 0) for k in self.cameras}}
 
-    def add_frames(self, values: Dict[str, Any]) -> None:
-        """Appends frames to the open episode: `values[name]` holds them on the first axis, for every feature."""
+    def _task_index(self, task: str) -> int:
+        return self._tasks.setdefault(task, len(self._tasks))
+
+    def add_frames(self, values: Dict[str, Any], tasks: Optional[Sequence[str]] = None) -> None:
+        """Appends frames to the open episode: `values[name]` holds them on the first axis, for every feature;
+        `tasks` (optional) the task text of each frame (default: the episode's task)."""
         ep = self._ep
         if ep is None:
             raise RuntimeError("no open episode; call begin_episode() first")
@@ -133,6 +137,11 @@ class LeRobotV3Writer:
             if a.shape[0] != n:
                 raise ValueError(f"feature {name!r} has {a.shape[0]} frames, others {n}")
             arrays[name] = a
+        count = int(n or 0)
+        texts = [ep["task"]] * count if tasks is None else list(tasks)
+        if len(texts) != count or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"tasks must hold one task text per frame ({count}), got {len(texts)} entries")
+        converted: Dict[str, np.ndarray] = {}      # everything checked before anything is kept or encoded
         for name, (dt, shape) in self.tabular.items():
             a = arrays[name]
             if a.dtype != dt:
@@ -140,15 +149,21 @@ class LeRobotV3Writer:
                     raise TypeError(f"feature {name!r}: got {a.dtype} values, declared {dt} (the cast would change "
                                     "values)")
                 a = a.astype(dt)
-            ep["cols"][name].append(a.reshape((a.shape[0],) + shape))
+            if int(np.prod(a.shape[1:])) != int(np.prod(shape)):
+                raise ValueError(f"feature {name!r} needs values of shape {shape}, got {a.shape[1:]}")
+            converted[name] = a.reshape((a.shape[0],) + shape)
         for name, hwc in self.cameras.items():
             a = arrays[name]
             if a.dtype != np.uint8 or a.shape[1:] != hwc:
                 raise ValueError(f"camera {name!r} needs uint8 frames of shape {hwc}, got {a.dtype} {a.shape[1:]}")
+        for name, a in converted.items():
+            ep["cols"][name].append(a)
+        for name in self.cameras:
             enc = self._encoder(name)
-            for frame in a:
+            for frame in arrays[name]:
                 enc.add(frame)
-        ep["length"] += int(n or 0)
+        ep["tasks"].extend(texts)
+        ep["length"] += count
 
     def end_episode(self) -> None:
         import pyarrow as pa
@@ -174,7 +189,7 @@ class LeRobotV3Writer:
         cols["frame_index"] = pa.array(frame_index)
         cols["episode_index"] = pa.array(np.full(n, e, np.int64))
         cols["index"] = pa.array(np.arange(self._rows, self._rows + n, dtype=np.int64))
-        cols["task_index"] = pa.array(np.full(n, ep["task_index"], np.int64))
+        cols["task_index"] = pa.array(np.asarray([self._task_index(t) for t in ep["tasks"]], np.int64))
         table = pa.table(cols)
         if self._writer is None:
             path = os.path.join(self.root, DATA_PATH.format(chunk_index=0, file_index=0))
@@ -182,7 +197,7 @@ class LeRobotV3Writer:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(path, table.schema)
         self._writer.write_table(table.cast(self._schema))
-        row: Dict[str, Any] = {"episode_index": e, "tasks": [ep["task"]], "length": n,
+        row: Dict[str, Any] = {"episode_index": e, "tasks": list(dict.fromkeys(ep["tasks"])), "length": n,
                                "data/chunk_index": 0, "data/file_index": 0,
                                "dataset_from_index": self._rows, "dataset_to_index": self._rows + n}
         for name in self.cameras:

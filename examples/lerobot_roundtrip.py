@@ -7,7 +7,8 @@
    (the previous step and the current one) and a chunk of the next `--chunk` actions, padded with a mask at episode
    ends, never reaching into the next episode (`SliceStackedBatch` over the dataset's episodes).
 3. Converts the dataset into this library's native layout (`unienv-data convert --from lerobot`), then back out to
-   LeRobot v3.0 (`unienv-data convert --to lerobot`), and checks the tabular values came back unchanged.
+   LeRobot v3.0 (`unienv-data convert --to lerobot`), and checks the tabular values and every frame's task came back
+   unchanged.
 
     python examples/lerobot_roundtrip.py --out /tmp/lerobot-roundtrip
     python examples/lerobot_roundtrip.py --src path/to/lerobot_dataset --out /tmp/lerobot-roundtrip
@@ -78,12 +79,14 @@ def main() -> None:
     # 3. into the native layout and back out to LeRobot v3.0
     native, back = os.path.join(args.out, "native"), os.path.join(args.out, "lerobot_out")
     assert cli(["convert", src, native, "--from", "lerobot", "-q"]) == 0
-    assert cli(["convert", native, back, "--to", "lerobot", "--fps", str(ds.fps), "-q"]) == 0
+    assert cli(["convert", native, back, "--to", "lerobot", "--fps", str(ds.fps), "-q",
+                "--task-key", "task_index", "--task-names", src]) == 0     # every frame's task text kept
     again = LeRobotAsUniEnvDataset.from_local(back, NumpyComputeBackend)
     a, b = ds.get_at(slice(None)), again.get_at(slice(None))
     for key in ("observation.state", "action"):
         if key in a:
             np.testing.assert_array_equal(a[key], b[key])
+    assert ds.get_at_with_metadata(slice(None))[1]["task"] == again.get_at_with_metadata(slice(None))[1]["task"]
     for key in cameras:
         print(f"{key}: mean absolute difference after two encodings {np.abs(a[key] - b[key].astype(float)).mean():.2f}")
     print(f"round trip ok: {len(again)} frames, {again.num_episodes} episodes, segments {again.get_segments()[:3]} ...")

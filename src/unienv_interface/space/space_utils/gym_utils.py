@@ -101,7 +101,9 @@ def to_gym_space(space: Space) -> Any:
         return sp.Box(low=low.copy(), high=high.copy(), shape=space.shape, dtype=np_dt.type)
     if isinstance(space, BinarySpace):
         # gymnasium has no 0-d MultiBinary: a scalar BinarySpace becomes MultiBinary(1) (values of shape (1,))
-        return sp.MultiBinary(list(space.shape) if space.shape else 1)
+        # (a 1-D space as an int n, as gymnasium's own MultiBinary(n) is written, so the two compare equal)
+        shape = tuple(space.shape)
+        return sp.MultiBinary(shape[0] if len(shape) == 1 else list(shape) if shape else 1)
     if isinstance(space, TextSpace):
         if space.charset is None:
             raise TypeError(f"to_gym_space: {space} has no character set, and gymnasium.spaces.Text needs one; give "

@@ -1,0 +1,37 @@
+"""The reference's module names for batches, the recorder and the env contract import the very classes that live
+under this project's module names (aliases, not copies)."""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import unienv_data.batches as batches
+
+ALIASES = [
+    ("combined_batch", "CombinedBatch"),
+    ("framestack_batch", "FrameStackedBatch"),
+    ("slicestack_batch", "SliceStackedBatch"),
+    ("subindex_batch", "SubIndexedBatch"),
+    ("subitem_batch", "SubItemBatch"),
+    ("transformations", "TransformedBatch"),
+]
+
+
+@pytest.mark.parametrize("module, name", ALIASES)
+def test_batch_module_alias_is_the_same_class(module: str, name: str) -> None:
+    mod = importlib.import_module(f"unienv_data.batches.{module}")
+    assert getattr(mod, name) is getattr(batches, name)
+    assert mod.__all__ == [name]
+
+
+def test_recorder_and_env_contract_import_without_gymnasium() -> None:
+    code = ("import sys, unienv_data, unienv_interface.env_base, unienv_data.replay_buffer.collection_wrapper, "
+            "unienv_data.transformations.image_compress, unienv_data.storages.transformation\n"
+            "from unienv_data.replay_buffer import ReplayBufferCollectionWrapper\n"
+            "bad = [m for m in ('gymnasium', 'PIL', 'torch', 'jax') if m in sys.modules]\n"
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

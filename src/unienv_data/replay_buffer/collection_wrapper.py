@@ -281,8 +281,10 @@ class ReplayBufferCollectionWrapper(Wrapper):
         return buffers
 
     def _resolve_mode(self, mode: str, buffers: List[ReplayBuffer]) -> Literal["shared", "per_env"]:
-        if mode == "shared" or mode == "per_env":
-            return mode
+        if mode == "shared":
+            return "shared"
+        if mode == "per_env":
+            return "per_env"
         if mode != "auto":
             raise ValueError(f"replay_mode must be 'auto', 'shared' or 'per_env', got {mode!r}")
         B, K = self.batch_size, len(buffers)

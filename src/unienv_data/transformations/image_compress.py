@@ -154,8 +154,8 @@ class ImageCompressTransformation(DataTransformation):
     def transform(self, source_space: Space, data: Any) -> Any:
         """Images of `source_space` (with optional extra leading batch axes) as uint8 rows of encoded bytes."""
         image = _image_shape(source_space, self.last_channel, type(self).__name__)
-        a = _to_numpy(source_space, data)
-        shape = tuple(source_space.shape)
+        a: Any = _to_numpy(source_space, data)
+        shape = tuple(source_space.shape or ())
         if a.dtype != np.uint8:
             raise TypeError(f"{type(self).__name__}: expected uint8 images, got {a.dtype}")
         if a.ndim < len(shape) or tuple(a.shape[a.ndim - len(shape):]) != shape:
@@ -163,7 +163,7 @@ class ImageCompressTransformation(DataTransformation):
                              f"got {tuple(a.shape)}")
         budget = self.budget_bytes(source_space)
         flat = a.reshape((-1,) + image)
-        out = np.zeros((flat.shape[0], budget), dtype=np.uint8)
+        out: Any = np.zeros((flat.shape[0], budget), dtype=np.uint8)
         for i in range(flat.shape[0]):
             encoded, _quality = self.encode_to_size(flat[i], budget)
             out[i, :len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
@@ -257,13 +257,13 @@ class ImageDecompressTransformation(DataTransformation):
 
     def transform(self, source_space: Space, data: Any) -> Any:
         src = self._check_source(source_space)
-        a = _to_numpy(src, data)
+        a: Any = _to_numpy(src, data)
         budget = src.shape[-1]
         if a.dtype != np.uint8 or a.ndim < 1 or a.shape[-1] != budget:
             raise ValueError(f"{type(self).__name__}: expected uint8 rows of {budget} bytes, got {a.dtype} of shape "
                              f"{tuple(a.shape)}")
         flat = a.reshape(-1, budget)
-        out = np.empty((flat.shape[0],) + self.image_shape, dtype=np.uint8)
+        out: Any = np.empty((flat.shape[0],) + self.image_shape, dtype=np.uint8)
         for i in range(flat.shape[0]):
             out[i] = self.decode_bytes(flat[i], i)
         out = out.reshape(a.shape[:-1] + self.image_shape)

@@ -60,9 +60,8 @@ class Env(abc.ABC, Generic[ContextType, ObsType, ActType, RenderFrame]):
     def __enter__(self) -> "Env":
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
     def __str__(self) -> str:
         return f"<{type(self).__name__} instance>"

@@ -39,9 +39,17 @@ class Wrapper(Env[Any, Any, Any, Any]):
     def render_mode(self) -> Optional[str]:
         return self.env.render_mode
 
+    @render_mode.setter
+    def render_mode(self, value: Optional[str]) -> None:
+        self.env.render_mode = value
+
     @property  # type: ignore[override]
     def render_fps(self) -> Optional[int]:
         return self.env.render_fps
+
+    @render_fps.setter
+    def render_fps(self, value: Optional[int]) -> None:
+        self.env.render_fps = value
 
     @property  # type: ignore[override]
     def backend(self) -> Any:
@@ -54,6 +62,11 @@ class Wrapper(Env[Any, Any, Any, Any]):
     @property  # type: ignore[override]
     def batch_size(self) -> Optional[int]:
         return self.env.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Optional[int]) -> None:
+        raise AttributeError(f"{type(self).__name__}.batch_size is the wrapped env's ({self.env.batch_size}); a "
+                             "wrapper cannot change it")
 
     @property  # type: ignore[override]
     def action_space(self) -> Space:

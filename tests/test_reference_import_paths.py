@@ -35,3 +35,15 @@ def test_recorder_and_env_contract_import_without_gymnasium() -> None:
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", ["unienv_interface.wrapper.gym_compat", "unienv_interface.space.space_utils.gym_utils"])
+def test_gym_modules_without_gymnasium_name_the_extra(module: str) -> None:
+    code = ("import sys\nsys.modules['gymnasium'] = None\n"
+            "try:\n"
+            f"    import {module}\n"
+            "except ImportError as exc:\n"
+            "    print('ImportError:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ImportError:" in proc.stdout and "unienv-storage[gym]" in proc.stdout

@@ -362,3 +362,23 @@ def test_context_is_recorded_and_merged_for_gymnasium() -> None:
     assert set(g.observation_space.spaces) == {"goal", "pos"}
     obs, _ = g.reset(seed=3)
     assert np.array_equal(obs["goal"], ctx["goal"]) and g.observation_space.contains(obs)
+
+
+def test_transformation_builder_and_reset_boundary_dumps(tmp_path: Any) -> None:
+    from unienv_interface.transformations import IdentityTransformation
+    env = FromGymnasiumEnv(gym.make("CartPole-v1"))
+    space = DictSpace(NB, {"obs": env.observation_space, "action": env.action_space, "done": BinarySpace(NB, ())})
+    rb = ReplayBuffer.create(DictStorage, space, capacity=20, **native_layout_kwargs(space))
+    out = os.fspath(tmp_path / "rb")
+    wrapper = ReplayBufferCollectionWrapper(env, rb, transition_builder=IdentityTransformation(),
+                                            dump_on_reset_boundary=True, dump_path=out)
+    _, obs0, _ = wrapper.reset(seed=0)
+    wrapper.step(np.int64(1))
+    wrapper.step(np.int64(0))
+    assert not os.path.exists(os.path.join(out, "metadata.json"))     # nothing dumped before a reset
+    wrapper.reset(seed=1)
+    on_disk = ReplayBuffer.load_from(out, backend=NB)
+    assert on_disk.get_segments() == [(0, 2)]
+    got = on_disk.get_at(np.arange(2))
+    assert np.array_equal(got["obs"][0], obs0) and got["action"].tolist() == [1, 0] and not got["done"].any()
+    on_disk.close()

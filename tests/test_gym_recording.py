@@ -382,3 +382,18 @@ def test_transformation_builder_and_reset_boundary_dumps(tmp_path: Any) -> None:
     got = on_disk.get_at(np.arange(2))
     assert np.array_equal(got["obs"][0], obs0) and got["action"].tolist() == [1, 0] and not got["done"].any()
     on_disk.close()
+
+
+def test_numpy_env_into_a_torch_buffer() -> None:
+    torch = pytest.importorskip("torch")
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
+    env = FromGymnasiumEnv(gym.make("CartPole-v1"))
+    space = DictSpace(TB, {"obs": env.observation_space.to(TB), "action": env.action_space.to(TB),
+                           "reward": BoxSpace(TB, -10.0, 10.0, torch.float32, shape=()), "done": BinarySpace(TB, ())})
+    rb = ReplayBuffer.create(DictStorage, space, capacity=8, **native_layout_kwargs(space))
+    wrapper = ReplayBufferCollectionWrapper(env, rb, validate_transition=True)
+    _, obs0, _ = wrapper.reset(seed=0)
+    wrapper.step(np.int64(1))
+    got = rb.get_at(0)
+    assert torch.equal(got["obs"], torch.from_numpy(obs0)) and got["action"].dtype == torch.int64
+    assert got["reward"].item() == 1.0 and got["done"].dtype == torch.bool

@@ -47,19 +47,20 @@ CANONICAL_KEYS = ("obs", "next_obs", "action", "reward", "terminated", "truncate
 _SCALAR_KEYS = ("reward", "terminated", "truncated", "done", "env_index")
 
 
+def _host(value: Any) -> np.ndarray:
+    """A Python / NumPy scalar or an array of any backend as a NumPy array."""
+    if isinstance(value, (bool, int, float, np.generic, np.ndarray)):
+        return np.asarray(value)
+    from unienv_interface.backends import get_backend_from_tensor
+    return np.asarray(get_backend_from_tensor(value).to_numpy(value))
+
+
 def _scalar_to(value: Any, space: Space, key: str) -> Any:
     """A reward / flag / index (Python scalar or array of any backend) as data of `space` (its dtype and backend)."""
     if not isinstance(space, (BoxSpace, BinarySpace)):
         return value
     b = space.backend
-    if hasattr(value, "__array_namespace__") or hasattr(value, "__dlpack__") or b.is_backendarray(value):
-        try:
-            from unienv_interface.backends import get_backend_from_tensor
-            a = np.asarray(get_backend_from_tensor(value).to_numpy(value))
-        except (TypeError, ValueError):
-            a = np.asarray(value)
-    else:
-        a = np.asarray(value)
+    a = _host(value)
     target = b.numpy_dtype(space.dtype)
     if a.dtype.kind not in "biuf":
         raise TypeError(f"transition key {key!r}: expected a number, got {a.dtype} ({value!r:.60})")
@@ -204,7 +205,7 @@ class ReplayBufferCollectionWrapper(Wrapper):
                                  reward=reward, terminated=terminated, truncated=truncated, env_index=env_index,
                                  rb_single_space=space)
         if not isinstance(space, DictSpace):
-            return self._env_value(self.observation_space, obs, space, batched)
+            return self._env_value("next_obs", obs, space, batched)
         if isinstance(self._builder, DataTransformation):
             raw = {"obs": prev_obs, "next_obs": obs, "action": action, "context": context, "reward": reward,
                    "terminated": terminated, "truncated": truncated, "env_index": env_index}
@@ -218,14 +219,15 @@ class ReplayBufferCollectionWrapper(Wrapper):
         """The env-side space of `obs` / `next_obs` / `action` / `context` for one recorded row (or batch)."""
         sp = {"obs": self.observation_space, "next_obs": self.observation_space, "action": self.action_space,
               "context": self.context_space}[key]
-        assert sp is not None  # checked when the wrapper was built
+        if sp is None:
+            raise KeyError(f"the env has no {key}_space, so the transition has no {key!r}")
         if self.batch_size is not None and not batched:
             return batch_utils.get_single_space(sp)
         return sp
 
-    def _env_value(self, env_space: Space, value: Any, target: Space, batched: bool) -> Any:
-        if self.batch_size is not None and not batched:
-            env_space = batch_utils.get_single_space(env_space)
+    def _env_value(self, key: str, value: Any, target: Space, batched: bool) -> Any:
+        """An env-side value moved to the backend / device of the buffer's space (unchanged when they agree)."""
+        env_space = self._env_space(key, batched)
         if target.backend is env_space.backend and target.device == env_space.device:
             return value
         return env_space.data_to(value, target.backend, target.device)
@@ -239,7 +241,7 @@ class ReplayBufferCollectionWrapper(Wrapper):
                 out[key] = _scalar_to(self._done_numpy(raw["terminated"], raw["truncated"]), sub, key)
             else:
                 v = raw[key]
-                out[key] = self._env_value(self._env_space(key, True), v, sub, batched) if convert_env_values else v
+                out[key] = self._env_value(key, v, sub, batched) if convert_env_values else v
         return out
 
     def _canonical_space(self, space: DictSpace, batched: bool) -> DictSpace:
@@ -253,12 +255,7 @@ class ReplayBufferCollectionWrapper(Wrapper):
 
     @staticmethod
     def _done_numpy(terminated: Any, truncated: Any) -> np.ndarray:
-        def as_np(x: Any) -> np.ndarray:
-            if isinstance(x, (bool, int, np.bool_, np.integer, np.ndarray)):
-                return np.asarray(x, dtype=bool)
-            from unienv_interface.backends import get_backend_from_tensor
-            return np.asarray(get_backend_from_tensor(x).to_numpy(x), dtype=bool)
-        return np.logical_or(as_np(terminated), as_np(truncated))
+        return np.logical_or(_host(terminated).astype(bool), _host(truncated).astype(bool))
 
     def _validate(self, transition: Any, target: Space) -> None:
         if not self._validate_flag or target.contains(transition):

@@ -119,6 +119,25 @@ def test_round_trip_through_a_transformed_storage_dump_and_reload(tmp_path: Any,
     again.close()
 
 
+def test_torch_images_through_a_tensor_storage(tmp_path: Any) -> None:
+    torch = pytest.importorskip("torch")
+    from unienv_data.storages.pytorch import PytorchTensorStorage
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
+    space = BoxSpace(TB, 0, 255, torch.uint8, shape=(H, W, 3))
+    path = os.fspath(tmp_path / "torch_frames")
+    st = TransformedStorage.create(space, PytorchTensorStorage, capacity=4, cache_path=path,
+                                   data_transformation=ImageCompressTransformation(init_quality=90))
+    st.set(slice(0, 3), torch.from_numpy(FRAMES[:3]))
+    got = st.get(slice(0, 3))
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.uint8
+    assert min(psnr(a, b) for a, b in zip(got.numpy(), FRAMES[:3])) >= 35.0
+    st.dumps(path)
+    st.close()
+    again = TransformedStorage.load_from(path, space)
+    assert torch.equal(again.get(slice(0, 3)), got)
+    again.close()
+
+
 def test_unwritten_rows_read_back_black_and_garbage_is_an_error() -> None:
     dec = ImageDecompressTransformation(4, 5, 3)
     rows = BoxSpace(NB, 0, 255, np.uint8, shape=(64,))

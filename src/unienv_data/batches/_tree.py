@@ -133,4 +133,20 @@ def sub_data(data: Any, path: Tuple[NestedKey, ...]) -> Any:
 
 
 __all__ = ["map_leaves", "zip_leaves", "take_rows", "take_row", "add_lead_axis", "reshape_lead", "gather_2d",
-           "select_column", "concat_leaves", "normalize_nested_keys", "sub_space", "sub_data"]
+           "select_column", "concat_leaves", "normalize_nested_keys", "sub_space", "sub_data", "collate_to_torch"]
+
+
+def collate_to_torch(data: Any) -> Any:
+    """A DataLoader collate function: an already batched result (dicts / tuples of arrays) with its NumPy leaves
+    as torch tensors sharing their memory (`torch.from_numpy`), so workers hand batches over in shared memory;
+    a plain list of single samples is stacked with torch's `default_collate` first. Imports torch."""
+    import torch
+    from torch.utils.data import default_collate
+    if type(data) is list:
+        return default_collate(data)
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, np.ndarray) and leaf.dtype != object:
+            return torch.from_numpy(leaf if leaf.flags.writeable else leaf.copy())
+        return leaf
+    return map_leaves(data, one)

@@ -30,7 +30,8 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchSampler
+from unienv_data.batches._tree import collate_to_torch
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.backends.pytorch import PyTorchComputeBackend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -49,13 +50,24 @@ class UniEnvAsPyTorchDataset(Dataset):  # type: ignore[type-arg]
       ``default_collate``.
     * ``include_metadata=True``: items are ``(data, metadata)`` pairs from ``get_at_with_metadata`` (metadata may
       be None).
+    * A sampler (``StepSampler``, ``SliceSampler``, ``PrioritizedSampler``, ``MultiprocessingSampler``) serves
+      every item it can draw, once, in order (``sampler.dataset_view()``): the steps of its data, or for a
+      ``SliceSampler`` every window (``all_starts()`` order; the DataLoader shuffles). ``SegmentSampler`` is
+      refused (episodes differ in length). The sampler is kept as ``.sampler``.
 
-    Results are whatever the batch returns (torch tensors for a torch-backed buffer).
+    Results are whatever the batch returns (torch tensors for a torch-backed buffer). With DataLoader workers and
+    NumPy data, pass ``collate_fn=UniEnvAsPyTorchDataset.tensor_collate_fn``: batches become torch tensors (no copy)
+    in the worker and travel in shared memory; NumPy arrays would be pickled through a pipe, which for camera
+    batches is many times slower than no workers at all.
     """
 
     def __init__(self, batch: BatchBase, include_metadata: bool = False) -> None:
         if not isinstance(batch, BatchBase):
             raise TypeError(f"batch must be a BatchBase (e.g. a ReplayBuffer), got {type(batch).__name__}")
+        self.sampler: Optional[BatchSampler] = None
+        if isinstance(batch, BatchSampler):
+            self.sampler = batch
+            batch = batch.dataset_view()
         self.batch = batch
         self.include_metadata = bool(include_metadata)
 
@@ -90,6 +102,12 @@ class UniEnvAsPyTorchDataset(Dataset):  # type: ignore[type-arg]
         if type(data) is list:
             return default_collate(data)
         return data
+
+    @staticmethod
+    def tensor_collate_fn(data: Any) -> Any:
+        """Like `collate_fn`, with NumPy arrays turned into torch tensors sharing their memory: in DataLoader
+        workers, batches then travel through shared memory instead of being pickled."""
+        return collate_to_torch(data)
 
 
 # ---------------------------------------------------------------------------------------------------- torch -> unienv

@@ -61,10 +61,11 @@ class _LeafStats:
             x = x.astype(np.uint8)
         if tuple(x.shape[1:]) != self.step_shape:
             raise ValueError(f"a chunk of shape {x.shape} does not hold steps of shape {self.step_shape}")
-        vals = x.reshape((-1,) + self.entry_shape)            # (values, *entry_shape)
+        vals: np.ndarray = x.reshape((-1,) + self.entry_shape)    # (values, *entry_shape)
         per_value = max(1, int(np.prod(self.entry_shape)))
         block = max(1, _BLOCK_ELEMENTS // per_value)          # bounded float64 temporaries for camera chunks
-        for s in range(0, int(vals.shape[0]), block):
+        total = int(np.shape(vals)[0])
+        for s in range(0, total, block):
             self._update_block(vals[s:s + block].astype(np.float64, copy=False))
 
     def _update_block(self, v64: np.ndarray) -> None:

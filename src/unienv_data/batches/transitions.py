@@ -174,7 +174,7 @@ class NStepReturnBatch(NextObservationBatch):
         term = self._flags(got, self.terminated_path, (B_, n)) & inside
         trunc = self._flags(got, self.truncated_path, (B_, n)) & inside
         stop = term | trunc
-        before = np.cumsum(stop, axis=1) - stop              # flags strictly before step k
+        before: np.ndarray = np.cumsum(stop, axis=1) - stop              # flags strictly before step k
         included = inside & (before == 0)
         m = included.sum(axis=1).astype(np.int64)
         done = (term & included).any(axis=1)

@@ -44,8 +44,10 @@ def build(path: str, steps: int, episode: int) -> None:
     rng = np.random.default_rng(0)
     for s in range(0, steps, episode):
         n = min(episode, steps - s)
-        rb.extend({"observation.image": rng.integers(0, 256, (n, 128, 128, 3), dtype=np.uint8),
-                   "action": rng.uniform(-1, 1, (n, 7)).astype(np.float32)})
+        img = rng.integers(0, 256, (n, 128, 128, 3), dtype=np.uint8)
+        act = rng.uniform(-1, 1, (n, 7)).astype(np.float32)
+        for i in range(n):                   # append + mark_segment_end records the episode
+            rb.append({"observation.image": img[i], "action": act[i]})
         rb.mark_segment_end()
     rb.dumps(path)
     rb.close()

@@ -29,7 +29,7 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._tree import collate_to_torch, map_leaves
@@ -88,7 +88,7 @@ class _NotInSlot:
         return _fallback, self.args
 
 
-class _SlotDataset:
+class _SlotDataset(Dataset):  # type: ignore[type-arg]
     """The dataset as the workers see it: `__getitems__((slot, indices))` fills the slot."""
 
     def __init__(self, batch: BatchBase, path: str, n_slots: int, slot_bytes: int) -> None:
@@ -198,8 +198,9 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
     free: Deque[int] = collections.deque(range(count))
     _MAPPED[path] = (mm, view, free)
     sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, free)
-    loader = DataLoader(_SlotDataset(data, path, count, slot_bytes), batch_sampler=sampler, collate_fn=_identity,
-                        num_workers=int(num_workers), prefetch_factor=prefetch_factor, **dataloader_kwargs)
+    loader: DataLoader = DataLoader(  # type: ignore[type-arg]
+        _SlotDataset(data, path, count, slot_bytes), batch_sampler=sampler, collate_fn=_identity,
+        num_workers=int(num_workers), prefetch_factor=prefetch_factor, **dataloader_kwargs)
     weakref.finalize(loader, _close_slots, path)
     return loader
 

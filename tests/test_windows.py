@@ -285,3 +285,33 @@ def test_shared_memory_dataloader_batches_own_distinct_memory(disk_buffer: Repla
     assert np.array_equal(idx, np.arange(len(ds)))
     for b in batches:
         np.testing.assert_array_equal(b["action"][:, 0, 0].numpy(), b["index"].numpy().astype(np.float32))
+
+
+def test_windows_on_a_torch_backed_buffer_match_the_numpy_ones() -> None:
+    from unienv_data.storages.pytorch import PytorchTensorStorage
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tsp = step_space().to(TB)
+        trb = ReplayBuffer.create(FlattenedStorage, tsp, inner_storage_cls=PytorchTensorStorage, capacity=64)
+        nrb = ReplayBuffer.create(FlattenedStorage, step_space(), inner_storage_cls=NumpyMemmapStorage, capacity=64)
+    g = 0
+    for ep, L in enumerate(LENGTHS):
+        rows = make_rows(ep, 0, L, g)
+        append_episode(nrb, rows)
+        for i in range(L):
+            trb.append({"observation.image": torch.from_numpy(rows["observation.image"][i]),
+                        "action": torch.from_numpy(rows["action"][i]),
+                        "obs": {"pos": torch.from_numpy(rows["obs"]["pos"][i])},
+                        "ep": torch.tensor(rows["ep"][i])})
+        trb.mark_segment_end()
+        g += L
+    doc = compute_stats(nrb)
+    kw = dict(stats=doc, normalize={"action": "mean_std"})
+    t = WindowDataset(trb, WINDOWS, **kw).get_at(np.arange(sum(LENGTHS)))
+    n = WindowDataset(nrb, WINDOWS, **kw).get_at(np.arange(sum(LENGTHS)))
+    for k in n:
+        assert isinstance(t[k], torch.Tensor), k
+        np.testing.assert_allclose(t[k].numpy(), n[k], rtol=1e-6, err_msg=k)
+    trb.close()
+    nrb.close()

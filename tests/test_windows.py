@@ -315,3 +315,25 @@ def test_windows_on_a_torch_backed_buffer_match_the_numpy_ones() -> None:
         np.testing.assert_allclose(t[k].numpy(), n[k], rtol=1e-6, err_msg=k)
     trb.close()
     nrb.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_abandoned_epoch_gives_its_slots_back(disk_buffer: ReplayBuffer, persistent: bool) -> None:
+    from unienv_data.integrations import torch_loader
+    ds = WindowDataset(disk_buffer, {"action": [0]})
+    loader = torch_loader.shared_memory_dataloader(ds, 2, shuffle=False, num_workers=2, n_slots=6,
+                                                   persistent_workers=persistent)
+    path = loader.dataset.path
+    for _ in range(3):                                   # break early, three times: batches are in flight
+        for i, batch in enumerate(loader):
+            if i == 1:
+                break
+        del batch
+        gc.collect()
+    if persistent:
+        got = collect(loader)                            # the next epoch receives the old batches first
+        assert np.array_equal(np.sort(got["index"]), np.arange(len(ds)))
+    gc.collect()
+    assert len(torch_loader._MAPPED[path][2]) == 6       # no slot lost
+    got = collect(loader)
+    assert np.array_equal(got["index"], np.arange(len(ds)))

@@ -17,6 +17,12 @@ shared-memory name, so every worker maps the same rows instead of copying them (
 though, is private to each process unless the buffer was created with ``multiprocessing=True``: to keep
 appending to a buffer that persistent workers read, create it with ``multiprocessing=True``, or the DataLoader's
 sampler (in the parent) may draw indices the workers' copies do not have yet.
+
+A worker hands its batch back through a pipe: NumPy arrays are pickled byte by byte, torch tensors are moved into
+a fresh shared-memory segment each. For camera batches of several MB either costs more than the read itself;
+``shared_memory_dataloader`` (from `unienv_data.integrations.torch_loader`, re-exported here) has the workers fill
+preallocated shared-memory slots that become the parent's tensors without a copy. Otherwise pass
+``collate_fn=UniEnvAsPyTorchDataset.tensor_collate_fn`` so at least NumPy batches travel as tensors.
 """
 from __future__ import annotations
 
@@ -364,4 +370,6 @@ class PinnedPrefetcher:
         self.close()
 
 
-__all__ = ["UniEnvAsPyTorchDataset", "PyTorchAsUniEnvDataset", "PinnedPrefetcher"]
+from .torch_loader import shared_memory_dataloader  # noqa: E402  (re-exported: the DataLoader for workers)
+
+__all__ = ["UniEnvAsPyTorchDataset", "PyTorchAsUniEnvDataset", "PinnedPrefetcher", "shared_memory_dataloader"]

@@ -13,7 +13,9 @@ slower than none. Here:
   the only one, and it runs in the worker;
 * the worker sends only the slot number and a small description; the parent's tensors ARE the slot's memory
   (``torch.from_numpy`` of the parent's mapping): no copy in the parent;
-* a slot returns to the free list when every tensor of its batch (and every view of them) has been freed. When no
+* a slot returns to the free list when every tensor of its batch (and every view of them) has been freed, or,
+  for batches that never arrive because an epoch was abandoned (``break``), when the DataLoader iterator is freed
+  (after it stopped its workers; with ``persistent_workers=True`` the next epoch receives them first). When no
   slot is free (the training loop keeps many batches alive), batches fall back to torch's usual transfer: slower,
   never wrong, never blocking.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -38,6 +40,8 @@ from unienv_data.samplers._mp_slots import close_mapping, map_slots, new_slot_pa
 
 #: Slot files mapped by this process: path -> (mapping, (n_slots, slot_bytes) view, free list or None).
 _MAPPED: Dict[str, Tuple[Any, np.ndarray, Optional[Deque[int]]]] = {}
+#: In the parent: slots handed to a worker whose batch has not come back yet, per slot file.
+_IN_FLIGHT: Dict[str, Set[int]] = {}
 
 
 def _mapping(path: str, n_slots: int, slot_bytes: int) -> Tuple[Any, np.ndarray, Optional[Deque[int]]]:
@@ -56,6 +60,7 @@ def _rebuild(path: str, n_slots: int, slot_bytes: int, slot: int, spec: Any) -> 
     """Runs in the parent when a worker's message is unpickled: the batch as tensors over the parent's mapping of
     the slot, which goes back to the free list once they are all gone."""
     mm, _, free = _mapping(path, n_slots, slot_bytes)
+    _IN_FLIGHT.get(path, set()).discard(slot)
     owner = np.frombuffer(memoryview(mm)[slot * slot_bytes:(slot + 1) * slot_bytes], dtype=np.uint8)
     if free is not None:
         weakref.finalize(owner, _release, free, slot)
@@ -66,6 +71,7 @@ def _fallback(path: str, slot: Optional[int], data: Any) -> Any:
     """Runs in the parent for a batch that did not use its slot: the slot is free again at once."""
     got = _MAPPED.get(path)
     if got is not None and got[2] is not None and slot is not None:
+        _IN_FLIGHT.get(path, set()).discard(slot)
         got[2].append(slot)
     return data
 
@@ -123,7 +129,9 @@ class _SlotBatchSampler:
     """Index batches (shuffled with a seeded generator, a new permutation each epoch) paired with a free slot."""
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: Optional[int],
-                 free: Optional[Deque[int]]) -> None:
+                 free: Optional[Deque[int]], path: str = "", persistent: bool = False) -> None:
+        self.path = path
+        self.persistent = persistent
         self.n = n
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -137,20 +145,36 @@ class _SlotBatchSampler:
     def __iter__(self) -> Iterator[Any]:
         order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
         stop = len(self) * self.batch_size
-        for s in range(0, min(stop, self.n), self.batch_size):
-            idx = order[s:s + self.batch_size].tolist()
-            if self.free is None:
-                yield idx
-                continue
-            try:
-                slot: Optional[int] = self.free.popleft()
-            except IndexError:
-                slot = None
-            yield (slot, idx)
+        mine: Set[int] = set()
+        in_flight = _IN_FLIGHT.setdefault(self.path, set())
+        try:
+            for s in range(0, min(stop, self.n), self.batch_size):
+                idx = order[s:s + self.batch_size].tolist()
+                if self.free is None:
+                    yield idx
+                    continue
+                try:
+                    slot: Optional[int] = self.free.popleft()
+                except IndexError:
+                    slot = None
+                if slot is not None:
+                    mine.add(slot)
+                    in_flight.add(slot)
+                yield (slot, idx)
+        except GeneratorExit:
+            # The epoch was abandoned: the DataLoader iterator that owned this generator is being freed, after
+            # it shut its workers down (not so with persistent workers: they hand the batches in flight back
+            # when the next epoch starts). Batches that never came back free their slots here.
+            if not self.persistent and self.free is not None:
+                for slot in sorted(mine & in_flight):
+                    in_flight.discard(slot)
+                    self.free.append(slot)
+            raise
 
 
 def _close_slots(path: str) -> None:
     got = _MAPPED.pop(path, None)
+    _IN_FLIGHT.pop(path, None)
     unlink_quietly(path)
     if got is not None:
         close_mapping(got[0])
@@ -197,7 +221,8 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
     mm, view = map_slots(path, count, slot_bytes, create=True)
     free: Deque[int] = collections.deque(range(count))
     _MAPPED[path] = (mm, view, free)
-    sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, free)
+    sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, free, path,
+                                bool(dataloader_kwargs.get("persistent_workers", False)))
     loader: DataLoader = DataLoader(  # type: ignore[type-arg]
         _SlotDataset(data, path, count, slot_bytes), batch_sampler=sampler, collate_fn=_identity,
         num_workers=int(num_workers), prefetch_factor=prefetch_factor, **dataloader_kwargs)

@@ -15,6 +15,10 @@ Rows (each a fresh DataLoader, shuffled, persistent workers, first batches disca
 * the same with an identity collate (NumPy batches pickled through the worker's pipe): the pre-fix behaviour,
   for comparison.
 
+Each row also prints the CPU time the training process itself spends per batch (`getrusage`, its own threads
+only): what the workers take off the training loop. Samples/s depend on how many cores are free; on a machine
+whose cores are busy with other work, 2 workers plus the training process compete for them.
+
 Run: `.venv/bin/python bench/bench_windows.py [--steps 3000] [--seconds 4] [--batch 64]`.
 """
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -64,11 +68,15 @@ def plain(ds: Any, workers: int, collate: Callable[[Any], Any], batch: int) -> A
                       persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
 
 
-def measure(loader: Any, seconds: float) -> float:
-    n = 0
+def measure(loader: Any, seconds: float) -> Tuple[float, float]:
+    """`(samples/s, CPU ms the training process spends per batch)`: the second is what workers take off the
+    training loop, and does not depend on how busy the other cores are."""
+    import resource
+    n = batches = 0
     it = iter(loader)
     for _ in range(3):                     # warm-up: worker start, page cache
         next(it)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         try:
@@ -77,9 +85,12 @@ def measure(loader: Any, seconds: float) -> float:
             it = iter(loader)
             continue
         n += int(b["index"].shape[0])
+        batches += 1
     dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     del it, loader
-    return n / dt
+    return n / dt, 1e3 * cpu / max(batches, 1)
 
 
 def main(argv: Any = None) -> int:
@@ -111,9 +122,9 @@ def main(argv: Any = None) -> int:
                      ("numpy (pickled)", lambda w: plain(ds, w, identity, args.batch))]
         for label, make in rows:
             for w in (0, 2):
-                r = measure(make(w), args.seconds)
+                r, cpu = measure(make(w), args.seconds)
                 res[f"{label}/{w}"] = r
-                print(f"{label:20s} workers={w}: {r:9.0f} samples/s")
+                print(f"{label:20s} workers={w}: {r:9.0f} samples/s, training process {cpu:5.2f} ms CPU per batch")
         for label, _ in rows:
             ratio = res[f"{label}/2"] / res[f"{label}/0"]
             print(f"{label:20s} ratio 2 workers / 0 workers: {ratio:.2f}x")

@@ -337,3 +337,31 @@ def test_an_abandoned_epoch_gives_its_slots_back(disk_buffer: ReplayBuffer, pers
     assert len(torch_loader._MAPPED[path][2]) == 6       # no slot lost
     got = collect(loader)
     assert np.array_equal(got["index"], np.arange(len(ds)))
+
+
+def test_a_big_batch_through_a_workers_pipe_warns_once(disk_buffer: ReplayBuffer, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    script = f"""
+import numpy as np, warnings
+from torch.utils.data import DataLoader
+from unienv_data.batches import WindowDataset, _tree
+from unienv_data.integrations.torch_loader import shared_memory_dataloader
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_interface.backends import NumpyComputeBackend
+_tree.WORKER_TRANSFER_WARN_BYTES = 100          # the test batches are small; the workers fork from here
+ds = WindowDataset(ReplayBuffer.load_from({str(tmp_path / "rb")!r}, backend=NumpyComputeBackend), {{"action": [0, 1]}})
+list(DataLoader(ds, batch_size=8, num_workers=0, collate_fn=WindowDataset.collate_fn))
+list(shared_memory_dataloader(ds, 8, num_workers=1, multiprocessing_context="fork"))
+import sys
+print("---", file=sys.stderr, flush=True)
+for _ in range(2):
+    list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=WindowDataset.collate_fn,
+                    multiprocessing_context="fork"))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    before, after = proc.stderr.split("---", 1)
+    assert "RuntimeWarning" not in before                      # no workers, or the shared-memory loader: silent
+    assert after.count("RuntimeWarning") == 2                  # once per worker process (one per DataLoader here)
+    assert "shared_memory_dataloader(dataset, batch_size, num_workers=N)" in after

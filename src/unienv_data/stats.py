@@ -28,6 +28,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import atomic_write_json, read_json
+from unienv_data.batches._columns import path_name
 
 STATS_FILE = "stats.json"
 STATS_FORMAT_VERSION = 1
@@ -149,7 +150,6 @@ class StatsAccumulator:
 
 
 def _leaf_dict(data: Any, backend: Any) -> Dict[str, np.ndarray]:
-    from unienv_data.batches._columns import path_name
     out: Dict[str, np.ndarray] = {}
 
     def visit(x: Any, prefix: Tuple[Any, ...]) -> None:

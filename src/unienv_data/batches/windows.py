@@ -257,8 +257,12 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
     def collate_fn(data: Any) -> Any:
         """For a torch DataLoader: a batch from `__getitems__` passes through with its NumPy arrays as torch tensors
         (zero-copy), so worker processes hand it over in shared memory instead of pickling it; a list of single
-        items (a wrapper without `__getitems__`) is stacked first."""
-        return _tree.collate_to_torch(data)
+        items (a wrapper without `__getitems__`) is stacked first. In a worker, a batch over 1 MiB warns once: torch
+        then copies it into a fresh shared-memory segment per tensor; `shared_memory_dataloader` avoids that."""
+        out = _tree.collate_to_torch(data)
+        _tree.warn_slow_worker_transfer(out, "as torch tensors (one new shared-memory segment and file descriptor "
+                                             "per tensor)")
+        return out
 
 
 __all__ = ["WindowDataset", "NORMALIZE_MODES", "PAD_SUFFIX"]

@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
 from unienv_data.base.common import BatchBase, BatchSampler
-from unienv_data.batches._tree import collate_to_torch
+from unienv_data.batches._tree import collate_to_torch, warn_slow_worker_transfer
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.backends.pytorch import PyTorchComputeBackend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -104,16 +104,22 @@ class UniEnvAsPyTorchDataset(Dataset):  # type: ignore[type-arg]
 
     @staticmethod
     def collate_fn(data: Any) -> Any:
-        """Identity for results of `__getitems__` (already batched); a list of single samples is stacked."""
+        """Identity for results of `__getitems__` (already batched); a list of single samples is stacked. In a
+        DataLoader worker, a batch over 1 MiB warns once (it is pickled or copied through the worker's pipe)."""
         if type(data) is list:
-            return default_collate(data)
+            data = default_collate(data)
+        warn_slow_worker_transfer(data, "through the worker's pipe (NumPy arrays are pickled, tensors copied into "
+                                        "a new shared-memory segment each)")
         return data
 
     @staticmethod
     def tensor_collate_fn(data: Any) -> Any:
         """Like `collate_fn`, with NumPy arrays turned into torch tensors sharing their memory: in DataLoader
         workers, batches then travel through shared memory instead of being pickled."""
-        return collate_to_torch(data)
+        out = collate_to_torch(data)
+        warn_slow_worker_transfer(out, "as torch tensors (one new shared-memory segment and file descriptor per "
+                                       "tensor)")
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------- torch -> unienv

@@ -20,6 +20,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._segments import SegmentIndex, check_unrecorded
 from unienv_data.batches.slice_stacked import MASK_KEY, FrameStackedBatch
+from unienv_data.batches.sub_indexed import SubIndexedBatch
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
 
@@ -149,7 +150,6 @@ class SliceSampler(BatchSampler[Any, Any, Any, Any, Any]):
         """Every window `all_starts()` can draw, once, in order: item `j` is the window starting at
         `all_starts()[j]` (its mask, all True unless `partial=True`, is in the metadata under "slice_valid_mask").
         A snapshot of the current segments: build it again after the data grew."""
-        from unienv_data.batches.sub_indexed import SubIndexedBatch
         return SubIndexedBatch(self._frames, self.all_starts())
 
     def epoch_iter(self) -> Iterator[Tuple[Any, Any]]:  # type: ignore[override]

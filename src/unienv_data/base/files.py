@@ -5,7 +5,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
 
@@ -102,7 +101,7 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
         return
     directory = os.path.dirname(key)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = _open_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -124,6 +123,20 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
         fsync_dir(directory)
     with _LAST_WRITTEN_LOCK:
         _LAST_WRITTEN[key] = _Written(digest, durable, identity)
+
+
+def _open_temporary(directory: str, name: str) -> Tuple[int, str]:
+    """A new temporary file `.<name>.<random>.tmp` in `directory`, opened for writing, whose mode follows the umask
+    like any file the process creates (``0o666 & ~umask``). `tempfile.mkstemp` always makes 0600 files: renamed over
+    a dataset's metadata, they kept a teammate (or a training job running as another uid) from opening it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name for {name!r} in {directory}")
 
 
 DUMP_MARKER_SUFFIX = ".dump-in-progress"

@@ -1,9 +1,10 @@
 """`SpaceStorage`: the contract every storage keeps (create / load_from / get / set / segments / dumps / close)."""
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -153,8 +154,66 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __enter__(self) -> "SpaceStorage":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        """Ends the block: an append-built segment still open is recorded (a normal exit) or dropped from the
+        segments (the block raised: its rows may be torn), then `close()` commits the metadata and releases files."""
+        try:
+            if not self._closed and self.is_mutable and self.has_open_segment:
+                if exc_type is None:
+                    self.mark_segment_end()
+                else:
+                    self.abort_segment()
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------ durability (commit points)
+    #: whether a commit point (a segment ended or committed) persists what changed at once (see `durable`)
+    _durable: bool = True
+
+    @property
+    def durable(self) -> bool:
+        """True (the default): every `mark_segment_end()` and segment writer `commit` of a disk-backed storage
+        persists the small state that changed (row count, segment list: the metadata files, replaced atomically;
+        the rows are in their files already), so a killed process loses at most the segment in progress. False
+        (bulk loads): only `flush()`, `dumps()` and `close()` persist. Setting it sets every child storage too."""
+        return self._durable
+
+    @durable.setter
+    def durable(self, value: bool) -> None:
+        self._durable = bool(value)
+        for child in self._child_storages():
+            child.durable = value
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator["SpaceStorage"]:
+        """`with storage.bulk():` turns per-segment durability off for the block (a bulk load of many segments),
+        then restores it and persists everything once (`flush()`), even when the block raises."""
+        before = self._durable
+        self.durable = False
+        try:
+            yield self
+        finally:
+            self.durable = before
+            if not self._closed:
+                self._persist_committed()
+
+    def _child_storages(self) -> List["SpaceStorage"]:
+        """The storages this one writes through (composite storages); a durability setting reaches them too."""
+        return []
+
+    def _segment_committed(self) -> None:
+        """A commit point: a segment was just recorded (`mark_segment_end`, a writer's `commit`). Durable storages
+        persist it now (`_persist_committed`)."""
+        if self._durable:
+            self._persist_committed()
+
+    def _persist_committed(self) -> None:
+        """Persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+        writable: leaf storages write their own small metadata; composite storages forward segment ends to their
+        children, which persist themselves)."""
+        flush = getattr(self, "flush", None)
+        if flush is not None and not self._closed and self.is_mutable:
+            flush()
 
     # ------------------------------------------------------------------ guards
     def _check_open(self) -> None:
@@ -267,6 +326,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         start, n = self._seg_start, self._seg_len
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         self._record_segment(start, n)
+        self._segment_committed()
 
     def abort_segment(self) -> None:
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 from unienv_data.base.files import PathLike
 from unienv_data.base.storage import SpaceStorage
-from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 from ._dict_routing import leaf_items
 from .backend_compat import ToBackendOrDeviceStorage
@@ -105,6 +105,10 @@ def native_layout_kwargs(space: Space, *, image_storage: str = "array",
             else:
                 by_dtype.setdefault(name, []).append(key)
         else:
+            if isinstance(leaf, TextSpace) and leaf.charset is None:
+                raise ValueError(f"key {key!r}: a TextSpace without a charset cannot be stored in the native layout "
+                                 "(its characters are kept as integer codes of the charset); give it one, e.g. "
+                                 f"TextSpace(backend, max_length={leaf.max_length}, charset=string.printable)")
             storage_cls_map[key] = FlattenedStorage
             key_kwargs[key] = {"inner_storage_cls": array_cls}
     groups: Dict[str, List[str]] = {}

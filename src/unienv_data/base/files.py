@@ -234,3 +234,41 @@ def confined_path(root: PathLike, relative: Any, what: str, root_real: Optional[
     if not full.startswith(root_real + os.sep):
         raise StorageFormatError(f"{what}: path {relative!r} points outside the dataset directory {root}")
     return os.path.join(os.fspath(root), relative)
+
+
+# ------------------------------------------------------------------------------------------ never replace silently
+class _CreatingDepth(threading.local):
+    depth = 0   # how many `creating_dataset` blocks this thread is inside
+
+
+_CREATING = _CreatingDepth()
+
+
+def refuse_existing_dataset(path: PathLike, overwrite: bool, what: str, opener: str) -> None:
+    """FileExistsError when `create(cache_path=path)` would replace something already at `path` (a file, or a
+    directory that is not empty) and the caller did not pass `overwrite=True`. Inside `creating_dataset` (a
+    composite storage creating its children in the directory it was allowed to use) nothing is checked again.
+    `opener` names the call that opens what is there instead (e.g. ``ReplayBuffer.load_from(path, backend=...)``)."""
+    if overwrite or _CREATING.depth:
+        return
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if not os.listdir(path):
+            return
+    elif not os.path.exists(path):
+        return
+    raise FileExistsError(f"{what}.create: {path} already exists and holds data; create() would replace it. Pass "
+                          f"overwrite=True to replace it, or open it with {opener}")
+
+
+@contextlib.contextmanager
+def creating_dataset(path: Optional[PathLike], overwrite: bool, what: str, opener: str) -> Iterator[None]:
+    """Checks `path` with `refuse_existing_dataset`, then lets the storages created inside the block write there
+    (the children of a composite storage, the storage of a replay buffer) without checking again."""
+    if path is not None:
+        refuse_existing_dataset(path, overwrite, what, opener)
+    _CREATING.depth += 1
+    try:
+        yield
+    finally:
+        _CREATING.depth -= 1

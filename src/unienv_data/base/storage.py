@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from abc import ABC, abstractmethod
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
@@ -13,7 +15,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
-from .files import PathLike
+from .files import PathLike, creating_dataset
 from .indexing import NormalizedIndex, normalize_index
 from .segments import SegmentLog
 from .values import LeafConverter
@@ -39,6 +41,12 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
     single_file_ext: Optional[str] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        raw = cls.__dict__.get("create")
+        if isinstance(raw, classmethod) and not getattr(raw.__func__, "_refuses_existing", False):
+            cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
 
     def __init__(self, single_instance_space: Space) -> None:
         if not isinstance(single_instance_space, Space):
@@ -482,6 +490,21 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             buffered, prepare = writer, self._prepare_single
             return writer, lambda value: partial(buffered.append_prepared, prepare(value))
         return writer, partial(_stage_raw_append, self, writer)
+
+
+def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
+    """`create` taking one more keyword, `overwrite=False`: a `cache_path` that already holds data is refused
+    (FileExistsError naming it and what to do) unless `overwrite=True`. Storages a composite storage or a replay
+    buffer creates inside its own (checked) directory are not checked again. Applied to every storage class's
+    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently."""
+    @functools.wraps(create)
+    def checked(cls: Any, *args: Any, overwrite: bool = False, **kwargs: Any) -> Any:
+        path = kwargs.get("cache_path")
+        opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
+        with creating_dataset(path, overwrite, cls.__name__, opener):
+            return create(cls, *args, **kwargs)
+    checked._refuses_existing = True  # type: ignore[attr-defined]
+    return checked
 
 
 def _checks_in_prepare(storage: SpaceStorage) -> bool:

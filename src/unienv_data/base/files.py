@@ -261,6 +261,12 @@ def refuse_existing_dataset(path: PathLike, overwrite: bool, what: str, opener: 
                           f"overwrite=True to replace it, or open it with {opener}")
 
 
+def replacing_allowed() -> bool:
+    """True inside `creating_dataset`, i.e. while a `create()` whose path was checked (new, empty, or replaced
+    with `overwrite=True`) builds its files: a storage may then clear old files it finds in its own directory."""
+    return _CREATING.depth > 0
+
+
 @contextlib.contextmanager
 def creating_dataset(path: Optional[PathLike], overwrite: bool, what: str, opener: str) -> Iterator[None]:
     """Checks `path` with `refuse_existing_dataset`, then lets the storages created inside the block write there

@@ -14,8 +14,6 @@ Box / Discrete / Dict (random actions), e.g. `--env CartPole-v1`.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -130,7 +128,7 @@ def as_value(space: Any, x: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------- recording
 def record(env: Any, out: str, episodes: int, seed: int, video: bool, policy: Any) -> ReplayBuffer:
     space = step_space(env)
-    buffer = ReplayBuffer.create(DictStorage, space, cache_path=out, capacity=None,
+    buffer = ReplayBuffer.create(DictStorage, space, cache_path=out, capacity=None, overwrite=True,  # --out is replaced
                                  **native_layout_kwargs(space, image_storage="video" if video else "array"))
     for e in range(episodes):
         obs, info = env.reset(seed=seed + e)
@@ -143,8 +141,7 @@ def record(env: Any, out: str, episodes: int, seed: int, video: bool, policy: An
                            "reward": np.float32(reward), "terminated": np.bool_(terminated),
                            "truncated": np.bool_(truncated)})
             obs, done = next_obs, terminated or truncated
-        buffer.mark_segment_end()                 # one episode = one segment
-    buffer.dumps()                                # data first, then metadata.json
+        buffer.mark_segment_end()   # one episode = one segment, on disk at once: a crash loses at most the next one
     return buffer
 
 
@@ -168,8 +165,6 @@ def main(argv: Optional[list] = None) -> int:
         rng = np.random.default_rng(args.seed)
         policy = lambda obs, info: np.clip(1.5 * (info["goal"] - obs["position"]) + rng.normal(0, 0.3, 2),  # noqa: E731
                                            -1, 1).astype(np.float32)
-    if os.path.isdir(args.out):
-        shutil.rmtree(args.out)
     buffer = record(env, args.out, args.episodes, args.seed, args.video, policy)
     lengths = [e - s for s, e in buffer.get_segments() or []]
     print(f"recorded {len(lengths)} episodes ({len(buffer)} steps, lengths {min(lengths)}..{max(lengths)}) from "

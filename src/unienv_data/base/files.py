@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import threading
 from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
 
@@ -110,7 +111,8 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
                 os.fsync(f.fileno())
             st = os.fstat(f.fileno())   # a rename keeps inode and mtime; taken here, no other writer can race it
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        os.replace(tmp, path)
+        if durable or not _swap_into_place(tmp, path):
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -123,6 +125,44 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
         fsync_dir(directory)
     with _LAST_WRITTEN_LOCK:
         _LAST_WRITTEN[key] = _Written(digest, durable, identity)
+
+
+_RENAME_EXCHANGE = 2
+_renameat2: Any = None      # libc's renameat2 once looked up; False where there is none
+
+
+def _swap_into_place(tmp: str, path: str) -> bool:
+    """Puts `tmp` at `path` by exchanging the two names atomically (Linux `renameat2(RENAME_EXCHANGE)`), then
+    removes the old file (now at `tmp`); False where that is not possible (no such call, no file at `path` yet, a
+    file system without it): the caller then renames as usual.
+
+    Why: ext4 (`auto_da_alloc`) writes a file's data out before a rename that *replaces* another file, which made
+    every metadata rewrite wait for the disk (2-5 ms next to a memory map being written, against 0.05 ms for the
+    exchange), and a commit point rewrites several. Readers see the old or the new file either way, and a killed
+    process leaves one or the other; surviving a power loss needs durable commit points (`set_durable`), which
+    fsync and rename as usual."""
+    global _renameat2
+    if _renameat2 is None:
+        _renameat2 = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                _renameat2 = fn
+            except (OSError, AttributeError):
+                pass
+    if _renameat2 is False:
+        return False
+    at_cwd = -100
+    if _renameat2(at_cwd, os.fsencode(tmp), at_cwd, os.fsencode(path), _RENAME_EXCHANGE) != 0:
+        return False        # ENOENT (nothing to replace yet), EINVAL / ENOSYS (not supported here), ...
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass                # a hidden leftover holding the old metadata: ignored by every reader
+    return True
 
 
 def _open_temporary(directory: str, name: str) -> Tuple[int, str]:

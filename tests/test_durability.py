@@ -352,3 +352,29 @@ def _meta(path: str) -> Dict[str, Any]:
     import json
     with open(os.path.join(path, "metadata.json")) as f:
         return json.load(f)  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------------------ CLI messages
+def test_verify_does_not_call_out_of_bounds_values_inside_their_bounds(tmp_path: Any) -> None:
+    from unienv_data.cli.verify import render, verify
+    path = str(tmp_path / "rb")
+    space = DictSpace(NB, {"a": BoxSpace(NB, 0, 1, np.float32, shape=(2,))})
+    with ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=4) as rb:
+        rb.append({"a": np.full(2, 0.5, np.float32)})
+        rb.append({"a": np.full(2, 0.5, np.float32)})
+    raw = np.memmap(os.path.join(path, "storage", "inner_storage.memmap"), dtype=np.float32, mode="r+", shape=(4, 2))
+    raw[1, 0] = 7.0         # damage: a recorded value outside [0, 1]
+    raw.flush()
+    del raw
+    report = verify(path)
+    text = "\n".join(render(report))
+    assert not report["ok"] and "outside its space bounds" in text
+    assert "recorded values inside their space bounds" not in text
+    assert "1 key(s) hold values outside their space bounds" in text
+
+
+def test_info_ratio_is_readable_for_tiny_keys() -> None:
+    from unienv_data.cli.info import raw_ratio
+    assert raw_ratio(49, 10_000) == "0.49% of raw"
+    assert raw_ratio(1_020, 1_000) == "1.02x raw"
+    assert "0.00x" not in raw_ratio(3, 100_000)

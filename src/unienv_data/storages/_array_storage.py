@@ -95,7 +95,8 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
 
         `is_memmap` defaults to "memory-map when `cache_path` is given"; `is_memmap=True` without a path is an error.
         With `multiprocessing=True` an in-RAM storage lives in shared memory so worker processes see its rows.
-        An existing file at `cache_path` is replaced (never silently reused); `memmap_existok=False` refuses it.
+        An existing file at `cache_path` is refused unless `overwrite=True` (then replaced, never silently reused);
+        `memmap_existok=False` refuses it even then.
         `capacity=None` makes a growable storage.
         """
         if args:

@@ -101,8 +101,11 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
             and _identity(path) == last.identity:
         return
     directory = os.path.dirname(key)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = _open_temporary(directory, os.path.basename(path))
+    try:
+        fd, tmp = _open_temporary(directory, os.path.basename(path))
+    except FileNotFoundError:       # the directory is new (made only then: a commit point skips the mkdir call)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = _open_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

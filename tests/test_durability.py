@@ -8,10 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 import pytest
+from _third_party import require_module
 
 from unienv_data.base.files import atomic_write_json
 from unienv_data.replay_buffer import ReplayBuffer
@@ -116,7 +117,7 @@ def _check_episode(get: Any, e: int, start: int, flat: bool = False) -> None:
 @pytest.mark.parametrize("kind", ["rb-flat", "rb-native", "rb-video", "rb-writer", "rb-with-raise"])
 def test_ended_episodes_survive_sigkill_of_the_recording_process(tmp_path: Any, kind: str) -> None:
     if kind == "rb-video":
-        pytest.importorskip("av")
+        require_module("av", "video")
     path = str(tmp_path / "data")
     rc = _record_and_kill(kind, path)
     assert rc == (0 if kind == "rb-with-raise" else -signal.SIGKILL)
@@ -259,7 +260,7 @@ def _recorded(tmp_path: Any) -> str:
 
 @pytest.mark.parametrize("backend", ["torch", "pytorch", "TORCH", "module"])
 def test_numpy_recorded_buffer_opens_as_torch(tmp_path: Any, backend: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch", "torch")
     path = _recorded(tmp_path)
     rb = ReplayBuffer.load_from(path, backend=torch if backend == "module" else backend, read_only=False)
     try:
@@ -276,7 +277,7 @@ def test_numpy_recorded_buffer_opens_as_torch(tmp_path: Any, backend: str) -> No
 
 
 def test_torch_recorded_buffer_opens_as_numpy_and_jax(tmp_path: Any) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch", "torch")
     from unienv_data.storages.pytorch import PytorchTensorStorage
     TB = resolve_backend("torch")
     space = DictSpace(TB, {"a": BoxSpace(TB, 0, 1, torch.float32, shape=(2,))})
@@ -286,7 +287,7 @@ def test_torch_recorded_buffer_opens_as_numpy_and_jax(tmp_path: Any) -> None:
     rb = ReplayBuffer.load_from(path, backend=np)
     assert isinstance(rb.get_at(0)["a"], np.ndarray)
     rb.close()
-    jnp = pytest.importorskip("jax.numpy")
+    jnp = require_module("jax.numpy", "jax")
     rb = ReplayBuffer.load_from(path, backend=jnp)
     assert type(rb.get_at(0)["a"]).__module__.startswith("jax")
     rb.close()
@@ -347,11 +348,6 @@ def test_replay_buffer_repr_says_what_it_holds(tmp_path: Any) -> None:
         assert part in text, text
     assert "closed" in repr(rb)
 
-
-def _meta(path: str) -> Dict[str, Any]:
-    import json
-    with open(os.path.join(path, "metadata.json")) as f:
-        return json.load(f)  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------------------------------ CLI messages

@@ -14,8 +14,6 @@ gymnasium (`pip install 'unienv-storage[gym]'`).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 from typing import Any, Optional
 
 import numpy as np
@@ -50,7 +48,8 @@ def step_space(env: Env) -> DictSpace:
 def record(env_id: str, out: str, episodes: int, max_steps: int, seed: int) -> ReplayBuffer:
     env = FromGymnasiumEnv(gym.make(env_id, max_episode_steps=max_steps))
     space = step_space(env)
-    buffer = ReplayBuffer.create(DictStorage, space, cache_path=out, capacity=None, **native_layout_kwargs(space))
+    buffer = ReplayBuffer.create(DictStorage, space, cache_path=out, capacity=None, overwrite=True,
+                                 **native_layout_kwargs(space))   # --out is replaced
     recorder = ReplayBufferCollectionWrapper(env, buffer, dump_on_episode_end=True, dump_path=out)
     rng = B.random.random_number_generator(seed)          # the random policy's own generator
     for e in range(episodes):
@@ -73,8 +72,6 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--max-steps", type=int, default=200, help="steps before an episode is truncated")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if os.path.isdir(args.out):
-        shutil.rmtree(args.out)
     buffer = record(args.env, args.out, args.episodes, args.max_steps, args.seed)
     lengths = [e - s for s, e in buffer.get_segments() or []]
     print(f"recorded {len(lengths)} episodes ({len(buffer)} steps, lengths {min(lengths)}..{max(lengths)}) from "

@@ -35,6 +35,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def raw_ratio(on_disk: int, raw: int) -> str:
+    """On-disk bytes against the raw bytes, readable at any size: "1.02x raw" at 10% of raw and above, else a
+    percentage with two significant digits ("0.49% of raw" for a well-compressed video key, never "0.00x raw")."""
+    ratio = on_disk / raw
+    if ratio >= 0.1:
+        return f"{ratio:.2f}x raw"
+    return f"{100 * ratio:.2g}% of raw"
+
+
 def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
     lines: List[str] = []
     versions = sorted({v for v in d["format_versions"].values() if v is not None})
@@ -74,7 +83,7 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
     rows = []
     for k, n in sorted(d["bytes_per_key"].items(), key=lambda kv: -kv[1]):
         r = raw.get(k)
-        ratio = f"{n / r:.2f}x raw" if r else ""
+        ratio = raw_ratio(n, r) if r else ""
         rows.append([k, human_bytes(n), f"{100 * n / total:5.1f}%", human_bytes(r) if r is not None else "", ratio])
     lines.extend(table(rows))
     lines.append(f"  total {human_bytes(d['total_bytes'])} on disk")

@@ -249,6 +249,7 @@ def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, pr
             problems.append(f"{_leaf_owner(root, k) or path}: key {k!r} holds values outside its space bounds "
                             f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {rows[:5]}")
         checked["rows_read"] = rows_read
+        checked["keys_out_of_bounds"] = sorted(out_of_bounds)
         checked["storages_read"] = len(columns)
         checked["read_seconds"] = time.perf_counter() - t0
     return problems, warnings, checked
@@ -295,8 +296,11 @@ def render(r: Dict[str, Any]) -> List[str]:
     if c.get("opened"):
         lines.append(f"  opened read-only: {c['length']} steps, {c['episodes']} episodes")
     if "rows_read" in c:
+        outside = c.get("keys_out_of_bounds") or []
+        bounds = (f"{len(outside)} key(s) hold values outside their space bounds (see below)" if outside else
+                  "recorded values inside their space bounds")
         lines.append(f"  rows: {c['rows_read']} rows of {c['storages_read']} storages read in "
-                     f"{c['read_seconds']:.2f} s; recorded values inside their space bounds")
+                     f"{c['read_seconds']:.2f} s; {bounds}")
     if "checksums" in c:
         lines.append(f"  checksums: {c['checksums']} files checked" if c["checksums"] else
                      "  checksums: none recorded (write them with --write-checksums)")

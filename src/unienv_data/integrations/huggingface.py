@@ -12,7 +12,7 @@ Features and the spaces they become (a dict of features becomes a `DictSpace`, n
 | --- | --- |
 | `Value` of an integer or float dtype | `BoxSpace` of that dtype, shape `()`, the dtype's full range |
 | `Value("bool")` | `BinarySpace`, shape `()` |
-| `Value("string")` / `"large_string"` | `TextSpace` (max_length: the longest string in the column) |
+| `Value("string")` / `"large_string"` | `TextSpace` (max_length: the longest string, charset: the characters in the column) |
 | `ClassLabel(names)` | int64 `BoxSpace` from 0 to `num_classes - 1` |
 | `List` / `Sequence` / `LargeList` of numbers or bools, `Array2D` ... `Array5D` | a box of that element shape |
 | `Image` | uint8 `BoxSpace` of the decoded image's shape (HWC, or HW for grayscale) |
@@ -142,7 +142,7 @@ class _SpacePlanner:
 
     def text(self, path: Tuple[str, ...]) -> Space:
         self.columns.append(_Column(path, "text", (), None))
-        return TextSpace(self.backend, 0, device=self.device)  # max_length is set from the column (see create)
+        return TextSpace(self.backend, 0, device=self.device)  # sized from the column (see _set_text_spaces)
 
     def image(self, path: Tuple[str, ...], feat: Any) -> Space:
         if self.first is None or self.first.num_rows == 0:
@@ -166,21 +166,22 @@ def _decode_images(arr: Any, feat: Any, where: str) -> List[np.ndarray]:
     return out
 
 
-def _set_text_lengths(space: Space, table: Any, columns: Sequence[_Column]) -> Space:
-    """The space with every TextSpace's max_length set to the longest string of its column."""
+def _set_text_spaces(space: Space, table: Any, columns: Sequence[_Column]) -> Space:
+    """The space with every TextSpace sized to its column: max_length the longest string, charset the characters
+    that occur (so the space describes the data exactly, and storages that need a charset can hold it)."""
     pc = require_module("pyarrow.compute", "huggingface", _WHO)
-    lengths: Dict[Tuple[str, ...], int] = {}
+    found: Dict[Tuple[str, ...], Tuple[int, str]] = {}
     for col in columns:
         if col.kind == "text":
-            arr = _column_of(table, col.path)
-            longest = pc.max(pc.utf8_length(arr)).as_py() if len(arr) else 0
-            lengths[col.path] = int(longest or 0)
+            uniq = [v for v in pc.unique(unwrap(_pa(), _column_of(table, col.path))).to_pylist() if v is not None]
+            found[col.path] = (max((len(v) for v in uniq), default=0), "".join(sorted(set("".join(uniq)))))
 
     def fix(sp: Space, path: Tuple[str, ...]) -> Space:
         if isinstance(sp, DictSpace):
             return DictSpace(sp.backend, {k: fix(v, path + (k,)) for k, v in sp.spaces.items()}, device=sp.device)
         if isinstance(sp, TextSpace):
-            return TextSpace(sp.backend, lengths.get(path, 0), device=sp.device)
+            longest, chars = found.get(path, (0, ""))
+            return TextSpace(sp.backend, longest, charset=chars or None, device=sp.device)
         return sp
     return fix(space, ())
 
@@ -202,7 +203,7 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         planner = _SpacePlanner(first, backend, device)
         space = planner.feature((), dict(hf_dataset.features))
         if any(c.kind == "text" for c in planner.columns):
-            space = _set_text_lengths(space, arrow[:], planner.columns)
+            space = _set_text_spaces(space, arrow[:], planner.columns)
         return HFAsUniEnvDataset(hf_dataset, space, planner.columns)
 
     def __init__(self, hf_dataset: Any, space: Space, columns: Optional[Sequence[_Column]] = None) -> None:

@@ -139,3 +139,18 @@ def test_pytorch_backend() -> None:
     row = a.get_at(3)
     assert isinstance(row["grid"], torch.Tensor) and row["grid"].dtype == torch.uint8
     assert row["action"].shape == () and int(row["action"]) == hf[3]["action"]
+
+
+def test_get_column_with_a_dotted_column_name() -> None:
+    datasets = require_module("datasets", "huggingface")
+    from unienv_data.integrations.huggingface import HFAsUniEnvDataset
+    ds = datasets.Dataset.from_dict({"observation.state": [[1.0, 2.0], [3.0, 4.0]], "action": [0, 1]},
+                                    features=datasets.Features({
+                                        "observation.state": datasets.List(datasets.Value("float32"), length=2),
+                                        "action": datasets.Value("int64")}))
+    a = HFAsUniEnvDataset.create(ds, NumpyComputeBackend)
+    for keys in ("observation.state", ["observation", "state"]):
+        col = a.get_column(keys)
+        np.testing.assert_array_equal(col.get_at(1), np.array([3.0, 4.0], np.float32))
+    nested = HFAsUniEnvDataset.create(datasets.load_from_disk(FIXTURE), NumpyComputeBackend).get_column("extra.gear")
+    assert int(nested.get_at(0)) == -3

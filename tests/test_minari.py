@@ -108,6 +108,9 @@ def test_columns_and_index_errors() -> None:
     d = MinariAsUniEnvDataset.from_local(os.path.join(FIXTURES, "dict_image"))
     cam = d.get_column(["observations", "camera"])
     np.testing.assert_array_equal(cam.get_at(5), expected("dict_image")["ep1/observations/camera"][1])
+    assert list(cam.batch.single_space.spaces) == ["observations"]   # the view reads only that field
+    np.testing.assert_array_equal(d.get_column("rewards").get_at(slice(4, 7)), expected("dict_image")["ep1/rewards"])
+    np.testing.assert_array_equal(d.get_episode_column(0, "actions"), expected("dict_image")["ep0/actions"])
     for bad in (len(d), -len(d) - 1, [0, 99]):
         with pytest.raises(IndexError, match="out of range"):
             d.get_at(bad)

@@ -217,12 +217,30 @@ class EpisodeSource:
                                                  "terminations": np.dtype(np.bool_),
                                                  "truncations": np.dtype(np.bool_)}
 
-    def read(self, episode: int, rows: np.ndarray, next_obs: bool) -> Dict[str, Any]:
-        """`{field: {leaf path: array}}` of steps `rows` (sorted or not) of `episode`; `observations` are those
-        before each step, `next_observations` (when asked) those after it."""
-        raise NotImplementedError
+    def read(self, episode: int, rows: np.ndarray, fields: Sequence[str]) -> Dict[str, Any]:
+        """`{field: {leaf path: array}}` (observations and actions) or `{field: array}` (the step fields) of steps
+        `rows` (sorted or not) of `episode`, for each of `fields`: `observations` are those before each step,
+        `next_observations` those after it."""
+        out: Dict[str, Any] = {}
+        for field in fields:
+            if field == "observations":
+                out[field] = self.read_observations(episode, rows)
+            elif field == "next_observations":
+                out[field] = self.read_observations(episode, rows + 1)
+            elif field == "actions":
+                out[field] = {leaf.path: self.read_leaf(episode, "actions", leaf, rows) for leaf in self.act_leaves}
+            else:
+                out[field] = self.read_step_field(episode, field, rows)
+        return out
 
     def read_observations(self, episode: int, rows: np.ndarray) -> Dict[Path, np.ndarray]:
+        """Observations `rows` of `episode` (row `n` is the one after the last step)."""
+        return {leaf.path: self.read_leaf(episode, "observations", leaf, rows) for leaf in self.obs_leaves}
+
+    def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
@@ -292,7 +310,7 @@ class HDF5Episodes(EpisodeSource):
                 for field in STEP_FIELDS:
                     self.step_dtypes[field] = np.dtype(self._dataset(0, field).dtype)
 
-    def _read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+    def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
         ds = self._dataset(episode, field, leaf.path)
         key, inverse = _rows_key(rows)
         where = f"{self.path}: episode_{episode}/{leaf.where(field)}"
@@ -316,25 +334,15 @@ class HDF5Episodes(EpisodeSource):
                                          f"{leaf.dtype}")
         return out if inverse is None else out[inverse]
 
-    def read_observations(self, episode: int, rows: np.ndarray) -> Dict[Path, np.ndarray]:
-        return {leaf.path: self._read_leaf(episode, "observations", leaf, rows) for leaf in self.obs_leaves}
-
-    def read(self, episode: int, rows: np.ndarray, next_obs: bool) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"observations": self.read_observations(episode, rows),
-                               "actions": {leaf.path: self._read_leaf(episode, "actions", leaf, rows)
-                                           for leaf in self.act_leaves}}
-        if next_obs:
-            out["next_observations"] = self.read_observations(episode, rows + 1)
+    def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         key, inverse = _rows_key(rows)
-        for field in STEP_FIELDS:
-            ds = self._dataset(episode, field)
-            try:
-                vals = np.asarray(ds[key] if not (isinstance(key, np.ndarray) and key.size == 0) else ds[0:0])
-            except (OSError, RuntimeError, ValueError) as exc:
-                raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode}/{field} cannot be read ({exc}); the "
-                                         "file is damaged") from None
-            out[field] = vals if inverse is None else vals[inverse]
-        return out
+        ds = self._dataset(episode, field)
+        try:
+            vals = np.asarray(ds[key] if not (isinstance(key, np.ndarray) and key.size == 0) else ds[0:0])
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode}/{field} cannot be read ({exc}); the "
+                                     "file is damaged") from None
+        return vals if inverse is None else vals[inverse]
 
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {}
@@ -417,7 +425,7 @@ class ArrowEpisodes(EpisodeSource):
             arr = (arr.combine_chunks() if isinstance(arr, self.pa.ChunkedArray) else arr).field(str(p))
         return arr
 
-    def _read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+    def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
         from ._arrow_columns import column_to_numpy
         where = f"{self._files.get(episode, [str(episode)])[0]}: {leaf.where(field)}"
         arr = self._column(episode, field, leaf.path).take(self.pa.array(rows, type=self.pa.int64()))
@@ -437,25 +445,13 @@ class ArrowEpisodes(EpisodeSource):
             raise StorageFormatError(str(exc)) from None
         return out.reshape((len(rows),) + leaf.shape)
 
-    def read_observations(self, episode: int, rows: np.ndarray) -> Dict[Path, np.ndarray]:
-        return {leaf.path: self._read_leaf(episode, "observations", leaf, rows) for leaf in self.obs_leaves}
-
-    def read(self, episode: int, rows: np.ndarray, next_obs: bool) -> Dict[str, Any]:
+    def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         from ._arrow_columns import column_to_numpy
-        out: Dict[str, Any] = {"observations": self.read_observations(episode, rows),
-                               "actions": {leaf.path: self._read_leaf(episode, "actions", leaf, rows)
-                                           for leaf in self.act_leaves}}
-        if next_obs:
-            out["next_observations"] = self.read_observations(episode, rows + 1)
-        idx = self.pa.array(rows, type=self.pa.int64())
-        for field in STEP_FIELDS:
-            arr = self._table(episode).column(field).take(idx)
-            try:
-                out[field] = column_to_numpy(self.pa, arr, (), self.step_dtypes[field], f"{self._files[episode][0]}: "
-                                             f"{field}")
-            except ValueError as exc:
-                raise StorageFormatError(str(exc)) from None
-        return out
+        arr = self._table(episode).column(field).take(self.pa.array(rows, type=self.pa.int64()))
+        try:
+            return column_to_numpy(self.pa, arr, (), self.step_dtypes[field], f"{self._files[episode][0]}: {field}")
+        except ValueError as exc:
+            raise StorageFormatError(str(exc)) from None
 
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         path = os.path.join(self.data_dir, str(episode), METADATA_FILE)

@@ -267,8 +267,18 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
     def get_column(self, nested_keys: Any) -> BatchBase:
         """A read-only view of one column (a dotted name or a key path); only that column is read."""
         from unienv_data.batches import SubItemBatch
-        path = tuple(nested_keys.split(".")) if isinstance(nested_keys, str) else tuple(str(k) for k in nested_keys)
-        if not isinstance(self.single_space, DictSpace) or path[0] not in self.single_space.spaces:
+        keys = [nested_keys] if isinstance(nested_keys, str) else [str(k) for k in nested_keys]
+        if not isinstance(self.single_space, DictSpace) or not keys:
+            return super().get_column(nested_keys)
+        top_names = self.single_space.spaces
+        joined = ".".join(keys)
+        if joined in top_names:              # a column whose name holds dots (LeRobot's "observation.state")
+            path: Tuple[str, ...] = (joined,)
+        elif len(keys) == 1 and keys[0] not in top_names:
+            path = tuple(keys[0].split("."))  # "extra.gear": a dotted path into a nested column
+        else:
+            path = tuple(keys)
+        if path[0] not in top_names:
             return super().get_column(nested_keys)
         top = path[0]
         view = HFAsUniEnvDataset(self.hf_dataset.select_columns([top]),

@@ -20,7 +20,7 @@ Needs h5py (HDF5 format) or pyarrow (Arrow format) and Pillow for JPEG images: t
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,13 +73,15 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return MinariAsUniEnvDataset(source, obs_space, act_space, include_next_observations)
 
     def __init__(self, source: EpisodeSource, observation_space: Space, action_space: Space,
-                 include_next_observations: bool = False) -> None:
+                 include_next_observations: bool = False, fields: Optional[Sequence[str]] = None) -> None:
         backend, device = observation_space.backend, observation_space.device
         spaces: Dict[str, Space] = {"observations": observation_space, "actions": action_space}
         for field, dtype in source.step_dtypes.items():
             spaces[field] = _step_space(backend, device, dtype)
         if include_next_observations:
             spaces["next_observations"] = observation_space
+        if fields is not None:  # a view of some fields (get_column): only those are read
+            spaces = {k: v for k, v in spaces.items() if k in fields}
         super().__init__(DictSpace(backend, spaces, device=device))
         self.source = source
         self.observation_space = observation_space
@@ -87,9 +89,12 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         self.include_next_observations = bool(include_next_observations)
         self.dataset_metadata: Dict[str, Any] = dict(source.meta)
         self._lengths = source.lengths.astype(np.int64)
+        row_space = self.single_space
+        self._fields: List[str] = list(row_space.spaces) if isinstance(row_space, DictSpace) else []
         self._ends = np.cumsum(self._lengths)
         self._starts = self._ends - self._lengths
         self._closed = False
+        self._parent: Optional["MinariAsUniEnvDataset"] = None   # a column view reads through its parent's files
 
     # ---- sizes and episodes ----
     def __len__(self) -> int:
@@ -153,7 +158,7 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
 
     # ---- reads ----
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or (self._parent is not None and self._parent._closed):
             from unienv_data.base.errors import StorageClosedError
             raise StorageClosedError(f"{WHO} of {self.data_dir} was closed; open it again with from_local")
 
@@ -177,7 +182,7 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         uniq = np.unique(episodes)
         for e in uniq.tolist():
             sel = np.flatnonzero(episodes == e) if uniq.size > 1 else np.arange(n)
-            got = self.source.read(int(e), steps[sel], self.include_next_observations)
+            got = self.source.read(int(e), steps[sel], self._fields)
             for field, value in got.items():
                 leaves = value if isinstance(value, dict) else {(): value}
                 bucket = parts.setdefault(field, {})
@@ -232,14 +237,27 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return self._read_numpy(np.asarray(positions, dtype=np.int64).reshape(-1))[0]
 
     def get_column(self, nested_keys: Any) -> BatchBase:
-        """A read-only view of one field (`"actions"`, `("observations", "camera")`, ...)."""
-        return super().get_column(nested_keys)
+        """A read-only view of one field (`"actions"`, `("observations", "camera")`, ...); reads only that field."""
+        from unienv_data.batches import SubItemBatch
+        keys = [nested_keys] if isinstance(nested_keys, (str, int)) else list(nested_keys)
+        if not keys or keys[0] not in self._fields:
+            return super().get_column(nested_keys)
+        view = MinariAsUniEnvDataset(self.source, self.observation_space, self.action_space,
+                                     self.include_next_observations, fields=[keys[0]])
+        view._parent = self
+        return SubItemBatch(view, keys)
+
+    def get_episode_column(self, episode: int, nested_keys: Any) -> Any:
+        """One field of every step of episode `episode`."""
+        s, e = self.episode_range(episode)
+        return self.get_column(nested_keys).get_at(slice(s, e))
 
     def close(self) -> None:
         """Closes the dataset's files; reads afterwards raise StorageClosedError."""
         if not self._closed:
             self._closed = True
-            self.source.close()
+            if self._parent is None:   # a column view does not own the files
+                self.source.close()
 
     def __enter__(self) -> "MinariAsUniEnvDataset":
         return self

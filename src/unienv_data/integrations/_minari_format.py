@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -193,10 +194,25 @@ def decode_jpeg(data: Any, shape: Tuple[int, ...], where: str) -> np.ndarray:
     return frame
 
 
+#: rows are read as one contiguous span (then picked in memory) when the span is at most this many times their count
+#: (HDF5's point selections cost far more per row than reading the rows in between)
+SPAN_FACTOR = 8
+#: bytes of whole low-dimensional columns kept in memory per open dataset (least recently used dropped first)
+CACHE_BYTES = 256 * 2 ** 20
+
+
 def _rows_key(rows: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
-    """A read key for `rows` (a slice when they are consecutive) and the inverse that restores their order."""
-    if rows.size and np.all(np.diff(rows) == 1):
-        return slice(int(rows[0]), int(rows[-1]) + 1), None
+    """A read key for `rows` and the positions in what it reads that give `rows` in their order (None: as read).
+
+    Consecutive rows are one slice; rows close together one slice read whole and picked; others the sorted
+    unique rows (an HDF5 point selection)."""
+    if rows.size == 0:
+        return slice(0, 0), None
+    lo, hi = int(rows.min()), int(rows.max()) + 1
+    if rows.size == hi - lo and np.all(np.diff(rows) == 1):
+        return slice(lo, hi), None
+    if hi - lo <= max(64, SPAN_FACTOR * rows.size):
+        return slice(lo, hi), rows - lo
     uniq, inverse = np.unique(rows, return_inverse=True)
     return uniq, inverse
 
@@ -213,6 +229,8 @@ class EpisodeSource:
         self.jpeg = bool(meta.get("jpeg_encoding", True))
         self.num_episodes = int(meta["total_episodes"])
         self.lengths = np.zeros(self.num_episodes, dtype=np.int64)
+        self._cache: "OrderedDict[Tuple[Any, ...], np.ndarray]" = OrderedDict()
+        self._cache_bytes = 0
         self.step_dtypes: Dict[str, np.dtype] = {"rewards": np.dtype(np.float64),
                                                  "terminations": np.dtype(np.bool_),
                                                  "truncations": np.dtype(np.bool_)}
@@ -237,17 +255,46 @@ class EpisodeSource:
         """Observations `rows` of `episode` (row `n` is the one after the last step)."""
         return {leaf.path: self.read_leaf(episode, "observations", leaf, rows) for leaf in self.obs_leaves}
 
+    def _cached(self, key: Tuple[Any, ...], count: int, load: Any, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` of a whole column of `count` rows that `load(all_rows)` reads, kept in the LRU cache."""
+        whole = self._cache.get(key)
+        if whole is None:
+            whole = load(np.arange(count, dtype=np.int64))
+            if whole.nbytes <= CACHE_BYTES // 8:
+                self._cache[key] = whole
+                self._cache_bytes += whole.nbytes
+                while self._cache_bytes > CACHE_BYTES:
+                    _, old = self._cache.popitem(last=False)
+                    self._cache_bytes -= old.nbytes
+        else:
+            self._cache.move_to_end(key)
+        return whole[rows]
+
     def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Rows `rows` of one leaf of `observations` or `actions` of `episode`. Low-dimensional leaves are read
+        whole once and kept (random access then costs no file read); images and text are read row by row."""
+        if leaf.image or leaf.text:
+            return self._load_leaf(episode, field, leaf, rows)
+        count = int(self.lengths[episode]) + (1 if field == "observations" else 0)
+        return self._cached((episode, field, leaf.path), count,
+                            lambda r: self._load_leaf(episode, field, leaf, r), rows)
 
     def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
+        return self._cached((episode, field), int(self.lengths[episode]),
+                            lambda r: self._load_step_field(episode, field, r), rows)
+
+    def _load_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        self._cache.clear()
+        self._cache_bytes = 0
 
 
 class HDF5Episodes(EpisodeSource):
@@ -262,6 +309,7 @@ class HDF5Episodes(EpisodeSource):
             raise StorageNotFoundError(f"{WHO}: file not found: {self.path} (metadata.json says the data format is "
                                        "hdf5)")
         self.file = _open_file(self.path, "r", WHO)
+        self._datasets: Dict[Tuple[int, str], Any] = {}
         try:
             self._index_episodes()
         except BaseException:
@@ -280,11 +328,15 @@ class HDF5Episodes(EpisodeSource):
                                      "damaged") from None
 
     def _dataset(self, episode: int, field: str, path: Path = ()) -> Any:
-        group = self._group(episode)
         parts = [field] + [f"_index_{p}" if isinstance(p, int) else str(p) for p in path]
         key = "/".join(parts)
+        cached = self._datasets.get((episode, key))
+        if cached is not None:
+            return cached
+        group = self._group(episode)
         try:
-            return group[key]
+            ds = self._datasets[(episode, key)] = group[key]
+            return ds
         except KeyError:
             raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode} has no dataset {key!r}; the file does "
                                      "not match the spaces in metadata.json") from None
@@ -310,14 +362,10 @@ class HDF5Episodes(EpisodeSource):
                 for field in STEP_FIELDS:
                     self.step_dtypes[field] = np.dtype(self._dataset(0, field).dtype)
 
-    def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+    def _load_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
         ds = self._dataset(episode, field, leaf.path)
-        key, inverse = _rows_key(rows)
         where = f"{self.path}: episode_{episode}/{leaf.where(field)}"
-        try:
-            raw = ds[key] if not (isinstance(key, np.ndarray) and key.size == 0) else ds[0:0]
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise StorageFormatError(f"{WHO}: {where} cannot be read ({exc}); the file is damaged") from None
+        raw = self._rows(ds, rows, where)
         if leaf.text:
             out = np.empty(len(raw), dtype=object)
             out[:] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in raw]
@@ -332,17 +380,24 @@ class HDF5Episodes(EpisodeSource):
             if leaf.dtype is not None and out.dtype != leaf.dtype:
                 raise StorageFormatError(f"{WHO}: {where} holds {out.dtype}; the space in metadata.json has "
                                          f"{leaf.dtype}")
-        return out if inverse is None else out[inverse]
+        return out
 
-    def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
-        key, inverse = _rows_key(rows)
-        ds = self._dataset(episode, field)
+    @staticmethod
+    def _rows(ds: Any, rows: np.ndarray, where: str) -> np.ndarray:
+        """Rows `rows` of the h5py dataset `ds`, in their order (see `_rows_key`)."""
+        key, pick = _rows_key(rows)
         try:
-            vals = np.asarray(ds[key] if not (isinstance(key, np.ndarray) and key.size == 0) else ds[0:0])
+            raw = np.asarray(ds[key])
         except (OSError, RuntimeError, ValueError) as exc:
-            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode}/{field} cannot be read ({exc}); the "
-                                     "file is damaged") from None
-        return vals if inverse is None else vals[inverse]
+            raise StorageFormatError(f"{WHO}: {where} cannot be read ({exc}); the file is damaged") from None
+        wanted = key.stop - key.start if isinstance(key, slice) else int(key.shape[0])
+        if raw.shape[:1] != (wanted,):
+            raise StorageFormatError(f"{WHO}: {where} holds fewer rows than its episode's steps; the file is "
+                                     "incomplete")
+        return raw if pick is None else raw[pick]
+
+    def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
+        return self._rows(self._dataset(episode, field), rows, f"{self.path}: episode_{episode}/{field}")
 
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {}
@@ -356,6 +411,8 @@ class HDF5Episodes(EpisodeSource):
         return attrs
 
     def close(self) -> None:
+        super().close()
+        self._datasets.clear()
         try:
             self.file.close()
         except Exception:  # noqa: BLE001 - closing twice or after a failed open
@@ -425,7 +482,7 @@ class ArrowEpisodes(EpisodeSource):
             arr = (arr.combine_chunks() if isinstance(arr, self.pa.ChunkedArray) else arr).field(str(p))
         return arr
 
-    def read_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
+    def _load_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
         from ._arrow_columns import column_to_numpy
         where = f"{self._files.get(episode, [str(episode)])[0]}: {leaf.where(field)}"
         arr = self._column(episode, field, leaf.path).take(self.pa.array(rows, type=self.pa.int64()))
@@ -445,7 +502,7 @@ class ArrowEpisodes(EpisodeSource):
             raise StorageFormatError(str(exc)) from None
         return out.reshape((len(rows),) + leaf.shape)
 
-    def read_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
+    def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         from ._arrow_columns import column_to_numpy
         arr = self._table(episode).column(field).take(self.pa.array(rows, type=self.pa.int64()))
         try:
@@ -461,6 +518,7 @@ class ArrowEpisodes(EpisodeSource):
         return m if isinstance(m, dict) else {"id": episode}
 
     def close(self) -> None:
+        super().close()
         self._tables.clear()
 
 

@@ -64,7 +64,7 @@ def test_every_episode_equals_minaris_own_reading(name: str) -> None:
         assert checked == len(exp)
 
 
-@pytest.mark.parametrize("name", ["hdf5", "dict_image_arrow"])
+@pytest.mark.parametrize("name", ["hdf5", "dict_image", "dict_image_arrow"])
 def test_scattered_rows_and_next_observations(name: str) -> None:
     exp = expected(name)
     d = MinariAsUniEnvDataset.from_local(os.path.join(FIXTURES, name), include_next_observations=True)
@@ -86,6 +86,23 @@ def test_scattered_rows_and_next_observations(name: str) -> None:
             np.testing.assert_array_equal(pick(batch["next_observations"], [k] if k else [])[j], obs[t + 1])
     one = d.get_at(3)
     assert one["rewards"].shape == () and isinstance(one["rewards"], np.ndarray)
+
+
+def test_point_selections_and_spans_read_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HDF5 rows far apart are read as a point selection, rows close together as one span: both give the rows."""
+    from unienv_data.integrations import _minari_format
+    rows = np.array([6, 0, 3, 3, 5, 1], dtype=np.int64)
+    got = {}
+    for name, (span, factor) in {"span": (64, 8), "points": (0, 0)}.items():
+        monkeypatch.setattr(_minari_format, "MIN_SPAN", span)
+        monkeypatch.setattr(_minari_format, "SPAN_FACTOR", factor)
+        d = MinariAsUniEnvDataset.from_local(os.path.join(FIXTURES, "dict_image"))
+        got[name] = d.get_at(rows)
+        d.close()
+    exp = expected("dict_image")
+    frames = np.concatenate([exp["ep0/observations/camera"][:-1], exp["ep1/observations/camera"][:-1]])
+    for name in got:
+        np.testing.assert_array_equal(got[name]["observations"]["camera"], frames[rows], err_msg=name)
 
 
 def test_episodes_are_segments_for_the_samplers() -> None:

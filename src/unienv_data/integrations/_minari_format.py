@@ -197,6 +197,8 @@ def decode_jpeg(data: Any, shape: Tuple[int, ...], where: str) -> np.ndarray:
 #: rows are read as one contiguous span (then picked in memory) when the span is at most this many times their count
 #: (HDF5's point selections cost far more per row than reading the rows in between)
 SPAN_FACTOR = 8
+#: ... and always when they lie within this many rows
+MIN_SPAN = 64
 #: bytes of whole low-dimensional columns kept in memory per open dataset (least recently used dropped first)
 CACHE_BYTES = 256 * 2 ** 20
 
@@ -211,7 +213,7 @@ def _rows_key(rows: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
     lo, hi = int(rows.min()), int(rows.max()) + 1
     if rows.size == hi - lo and np.all(np.diff(rows) == 1):
         return slice(lo, hi), None
-    if hi - lo <= max(64, SPAN_FACTOR * rows.size):
+    if hi - lo <= max(MIN_SPAN, SPAN_FACTOR * rows.size):
         return slice(lo, hi), rows - lo
     uniq, inverse = np.unique(rows, return_inverse=True)
     return uniq, inverse

@@ -108,10 +108,12 @@ def test_minari_roundtrip_is_read_back_by_minari(fmt: str, tmp_path: Path) -> No
         proc = run_cli("convert", native, root / f"rt_{name}-v0", "--to", "minari", "--minari-format", fmt,
                        "--json", "-q")
         assert json.loads(proc.stdout)["dataset_id"] == f"rt_{name}-v0"
-    read = read_with_minari(root, [f"rt_{n}-v0" for n in names], tmp_path)
-    for name in names:
+    # and straight from one Minari folder to another (e.g. HDF5 to Arrow), no native copy in between
+    run_cli("convert", MINARI / "dict_image", root / "direct-v0", "--from", "minari", "--to", "minari",
+            "--minari-format", fmt, "-q")
+    read = read_with_minari(root, [f"rt_{n}-v0" for n in names] + ["direct-v0"], tmp_path)
+    for name, did in [(n, f"rt_{n}-v0") for n in names] + [("dict_image", "direct-v0")]:
         exp = expected(name)
-        did = f"rt_{name}-v0"
         assert read["facts"][did]["episodes"] == len({k.split("/")[0] for k in exp})
         for key, want in exp.items():
             got = read["arrays"][f"{did}|{key}"]

@@ -227,3 +227,19 @@ def test_space_json_parser_covers_minaris_space_types() -> None:
     assert isinstance(tx, TextSpace) and tx.max_length == 8
     with pytest.raises(StorageFormatError, match="unknown space type 'Graph'"):
         parse_space('{"type": "Graph"}', B, None, "test")
+
+
+def test_a_dataset_without_episodes(tmp_path: Any) -> None:
+    """minari.MinariStorage.new writes the metadata and an empty main_data.hdf5 before any episode."""
+    root = _copy(tmp_path, "hdf5")
+    with open(os.path.join(root, "data", "metadata.json")) as f:
+        meta = json.load(f)
+    meta.update(total_episodes=0, total_steps=0)
+    with open(os.path.join(root, "data", "metadata.json"), "w") as f:
+        json.dump(meta, f)
+    open(os.path.join(root, "data", "main_data.hdf5"), "wb").close()
+    d = MinariAsUniEnvDataset.from_local(root)
+    assert len(d) == 0 and d.num_episodes == 0 and d.get_segments() == []
+    empty = d.get_at(slice(None))
+    assert empty["observations"].shape == (0, 4) and empty["rewards"].dtype == np.float64
+    d.close()

@@ -310,8 +310,11 @@ class HDF5Episodes(EpisodeSource):
         if not os.path.isfile(self.path):
             raise StorageNotFoundError(f"{WHO}: file not found: {self.path} (metadata.json says the data format is "
                                        "hdf5)")
-        self.file = _open_file(self.path, "r", WHO)
         self._datasets: Dict[Tuple[int, str], Any] = {}
+        self.file: Any = None
+        if self.num_episodes == 0 and os.path.getsize(self.path) == 0:
+            return  # minari creates the file empty and fills it with the first episode
+        self.file = _open_file(self.path, "r", WHO)
         try:
             self._index_episodes()
         except BaseException:
@@ -416,7 +419,8 @@ class HDF5Episodes(EpisodeSource):
         super().close()
         self._datasets.clear()
         try:
-            self.file.close()
+            if self.file is not None:
+                self.file.close()
         except Exception:  # noqa: BLE001 - closing twice or after a failed open
             pass
 

@@ -243,3 +243,23 @@ def test_a_dataset_without_episodes(tmp_path: Any) -> None:
     empty = d.get_at(slice(None))
     assert empty["observations"].shape == (0, 4) and empty["rewards"].dtype == np.float64
     d.close()
+
+
+@pytest.mark.parametrize("name,declared,stored", [("hdf5", "float64", np.float32), ("arrow", "float32", np.float64)])
+def test_data_dtype_wins_over_a_wrong_declared_dtype(name: str, declared: str, stored: Any, tmp_path: Any) -> None:
+    """minari returns what the files hold; so does the adapter (with a warning naming the disagreement)."""
+    root = _copy(tmp_path, name)
+    mpath = os.path.join(root, "data", "metadata.json")
+    with open(mpath) as f:
+        meta = json.load(f)
+    obs = json.loads(meta["observation_space"])
+    obs["dtype"] = declared
+    meta["observation_space"] = json.dumps(obs)
+    with open(mpath, "w") as f:
+        json.dump(meta, f)
+    with pytest.warns(UserWarning, match=f"declared {declared} .* hold {np.dtype(stored).name}"):
+        d = MinariAsUniEnvDataset.from_local(root)
+    assert np.dtype(d.single_space.spaces["observations"].dtype) == stored
+    got = d.get_episode(0)["observations"]
+    assert got.dtype == stored
+    np.testing.assert_array_equal(got, expected(name)["ep0/observations"][:-1])

@@ -126,49 +126,64 @@ def _box_is_image(shape: Tuple[int, ...], dtype: np.dtype, low: np.ndarray, high
             and bool(np.all(low == 0)) and bool(np.all(high == 255)))
 
 
+def _cast_bounds(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Bounds in `dtype` (an integer dtype clips infinite or out-of-range bounds to its own range)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        v = np.asarray(values, dtype=np.float64)
+        v = np.where(np.isnan(v), 0, v)
+        return np.clip(v, info.min, info.max).astype(dtype)
+    return np.asarray(values).astype(dtype)
+
+
 def parse_space(js: Any, backend: Any, device: Any, where: str, path: Path = (),
-                leaves: Optional[List[Leaf]] = None) -> Tuple[Space, List[Leaf]]:
+                leaves: Optional[List[Leaf]] = None,
+                stored: Optional[Dict[Path, np.dtype]] = None) -> Tuple[Space, List[Leaf]]:
     """`(space, leaves)` of a Minari space JSON (a string or an already parsed object).
 
     Box keeps its dtype, shape and bounds; Discrete(n, start) is an int64 scalar Box in [start, start + n - 1];
     MultiDiscrete(nvec, start) a Box of its dtype in [start, start + nvec - 1]; MultiBinary(n) an int8 Box in
-    [0, 1] (gymnasium's dtype); Dict a DictSpace; Tuple a TupleSpace; Text a TextSpace."""
+    [0, 1] (gymnasium's dtype); Dict a DictSpace; Tuple a TupleSpace; Text a TextSpace. `stored` gives, per leaf
+    path, the dtype the data files really hold where it differs from the JSON's (the data wins: it is what minari
+    returns)."""
     out = [] if leaves is None else leaves
     d = _load_space_json(js, where)
     kind = d["type"]
     here = f"{where} ({'/'.join(map(str, path)) or 'top'})"
+    own = (stored or {}).get(path)
+
+    def box(low: Any, high: Any, dtype: np.dtype, shape: Tuple[int, ...], image: bool = False) -> Space:
+        dt = own if own is not None else dtype
+        out.append(Leaf(path, shape, dt, image=image))
+        lo = _cast_bounds(np.broadcast_to(np.asarray(low), shape), dt)
+        hi = _cast_bounds(np.broadcast_to(np.asarray(high), shape), dt)
+        return BoxSpace(backend, lo, hi, dt, device=device, shape=shape)
+
     try:
         if kind == "Box":
             dtype = np.dtype(d["dtype"])
             shape = tuple(int(s) for s in d["shape"])
             low = np.broadcast_to(np.asarray(d["low"], dtype=np.float64 if dtype.kind == "f" else None), shape)
             high = np.broadcast_to(np.asarray(d["high"], dtype=np.float64 if dtype.kind == "f" else None), shape)
-            image = _box_is_image(shape, dtype, low, high)
-            out.append(Leaf(path, shape, dtype, image=image))
-            return BoxSpace(backend, low.astype(dtype), high.astype(dtype), dtype, device=device, shape=shape), out
+            return box(low, high, dtype, shape, _box_is_image(shape, dtype, low, high)), out
         if kind == "Discrete":
             n, start = int(d["n"]), int(d.get("start", 0))
-            out.append(Leaf(path, (), np.dtype(np.int64)))
-            return BoxSpace(backend, start, start + n - 1, np.int64, device=device, shape=()), out
+            return box(start, start + n - 1, np.dtype(np.int64), ()), out
         if kind == "MultiDiscrete":
-            dtype = np.dtype(d.get("dtype", "int64"))
             nvec = np.asarray(d["nvec"], dtype=np.int64)
             first = np.asarray(d.get("start", np.zeros_like(nvec)), dtype=np.int64)
-            out.append(Leaf(path, nvec.shape, dtype))
-            return BoxSpace(backend, first.astype(dtype), (first + nvec - 1).astype(dtype), dtype, device=device,
-                            shape=nvec.shape), out
+            return box(first, first + nvec - 1, np.dtype(d.get("dtype", "int64")), nvec.shape), out
         if kind == "MultiBinary":
             bits = d["n"]
             bshape = (int(bits),) if isinstance(bits, int) else tuple(int(s) for s in bits)
-            out.append(Leaf(path, bshape, np.dtype(np.int8)))
-            return BoxSpace(backend, 0, 1, np.int8, device=device, shape=bshape), out
+            return box(0, 1, np.dtype(np.int8), bshape), out
         if kind == "Dict":
             subs = d["subspaces"]
-            children = {str(k): parse_space(v, backend, device, where, path + (str(k),), out)[0]
+            children = {str(k): parse_space(v, backend, device, where, path + (str(k),), out, stored)[0]
                         for k, v in subs.items()}
             return DictSpace(backend, children, device=device), out
         if kind == "Tuple":
-            kids = [parse_space(v, backend, device, where, path + (i,), out)[0]
+            kids = [parse_space(v, backend, device, where, path + (i,), out, stored)[0]
                     for i, v in enumerate(d["subspaces"])]
             return TupleSpace(backend, kids, device=device), out
         if kind == "Text":
@@ -288,6 +303,10 @@ class EpisodeSource:
     def _load_leaf(self, episode: int, field: str, leaf: Leaf, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def stored_dtype(self, field: str, leaf: Leaf) -> Optional[np.dtype]:
+        """The dtype the first episode's file holds for `leaf` of `field` (None: no episodes, text, JPEG)."""
+        return None
+
     def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
@@ -404,6 +423,13 @@ class HDF5Episodes(EpisodeSource):
     def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         return self._rows(self._dataset(episode, field), rows, f"{self.path}: episode_{episode}/{field}")
 
+    def stored_dtype(self, field: str, leaf: Leaf) -> Optional[np.dtype]:
+        if self.num_episodes == 0 or leaf.text:
+            return None
+        dt = np.dtype(self._dataset(0, field, leaf.path).dtype)
+        return None if dt == object or (leaf.image and self.jpeg and dt == np.uint8 and
+                                        tuple(self._dataset(0, field, leaf.path).shape[1:]) != leaf.shape) else dt
+
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {}
         for k, v in self._group(episode).attrs.items():
@@ -507,6 +533,20 @@ class ArrowEpisodes(EpisodeSource):
         except ValueError as exc:
             raise StorageFormatError(str(exc)) from None
         return out.reshape((len(rows),) + leaf.shape)
+
+    def stored_dtype(self, field: str, leaf: Leaf) -> Optional[np.dtype]:
+        if self.num_episodes == 0 or leaf.text:
+            return None
+        typ = self._column(0, field, leaf.path).type
+        while hasattr(typ, "value_type"):
+            typ = typ.value_type
+        pa = self.pa
+        if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_string(typ):
+            return None
+        try:
+            return np.dtype(typ.to_pandas_dtype())
+        except (NotImplementedError, TypeError):
+            return None
 
     def _load_step_field(self, episode: int, field: str, rows: np.ndarray) -> np.ndarray:
         from ._arrow_columns import column_to_numpy

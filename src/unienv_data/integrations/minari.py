@@ -20,6 +20,7 @@ Needs h5py (HDF5 format) or pyarrow (Arrow format) and Pillow for JPEG images: t
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -70,6 +71,24 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         obs_space, obs_leaves = parse_space(meta["observation_space"], backend, device, f"{where}: observation_space")
         act_space, act_leaves = parse_space(meta["action_space"], backend, device, f"{where}: action_space")
         source = open_episodes(data_dir, meta, obs_leaves, act_leaves)
+        try:
+            spaces = {"observations": (obs_space, obs_leaves), "actions": (act_space, act_leaves)}
+            for field, (_sp, leaves) in list(spaces.items()):
+                stored = {}
+                for leaf in leaves:
+                    dt = source.stored_dtype(field, leaf)
+                    if dt is not None and leaf.dtype is not None and dt != leaf.dtype:
+                        stored[leaf.path] = dt
+                        warnings.warn(f"{WHO}: {leaf.where(field)} is declared {leaf.dtype} in {where} but the data "
+                                      f"files hold {dt}; it is read as stored (as minari reads it)", stacklevel=2)
+                if stored:
+                    spaces[field] = parse_space(meta["observation_space" if field == "observations" else
+                                                     "action_space"], backend, device, f"{where}: {field}",
+                                                stored=stored)
+            (obs_space, source.obs_leaves), (act_space, source.act_leaves) = spaces["observations"], spaces["actions"]
+        except BaseException:
+            source.close()
+            raise
         return MinariAsUniEnvDataset(source, obs_space, act_space, include_next_observations)
 
     def __init__(self, source: EpisodeSource, observation_space: Space, action_space: Space,

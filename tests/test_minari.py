@@ -263,3 +263,18 @@ def test_data_dtype_wins_over_a_wrong_declared_dtype(name: str, declared: str, s
     got = d.get_episode(0)["observations"]
     assert got.dtype == stored
     np.testing.assert_array_equal(got, expected(name)["ep0/observations"][:-1])
+
+
+def test_pickles_for_dataloader_workers() -> None:
+    import pickle
+    d = MinariAsUniEnvDataset.from_local(os.path.join(FIXTURES, "dict_image_arrow"), include_next_observations=True)
+    copy = pickle.loads(pickle.dumps(d))
+    assert copy is not d and len(copy) == len(d) and copy.include_next_observations
+    for key in ("actions", "rewards"):
+        np.testing.assert_array_equal(copy.get_at(slice(None))[key], d.get_at(slice(None))[key])
+    col = pickle.loads(pickle.dumps(d.get_column(["observations", "camera"])))
+    np.testing.assert_array_equal(col.get_at(3), d.get_at(3)["observations"]["camera"])
+    copy.close()
+    d.close()
+    with pytest.raises(StorageClosedError):
+        pickle.dumps(d)

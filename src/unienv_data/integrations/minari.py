@@ -278,11 +278,29 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
             if self._parent is None:   # a column view does not own the files
                 self.source.close()
 
+    def __reduce__(self) -> Any:
+        """Pickles as the folder and options (a DataLoader worker reopens the files in its own process)."""
+        if self._closed:
+            from unienv_data.base.errors import StorageClosedError
+            raise StorageClosedError(f"{WHO} of {self.data_dir} was closed; a closed dataset cannot be pickled")
+        return (_reopen, (self.data_dir, self.backend, self.device, self.include_next_observations,
+                          None if self._parent is None else list(self._fields)))
+
     def __enter__(self) -> "MinariAsUniEnvDataset":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _reopen(data_dir: str, backend: Any, device: Any, include_next_observations: bool,
+            fields: Optional[List[str]]) -> MinariAsUniEnvDataset:
+    ds = MinariAsUniEnvDataset.from_local(data_dir, backend=backend, device=device,
+                                          include_next_observations=include_next_observations)
+    if fields is None:
+        return ds
+    return MinariAsUniEnvDataset(ds.source, ds.observation_space, ds.action_space, include_next_observations,
+                                 fields=fields)
 
 
 __all__ = ["MinariAsUniEnvDataset"]

@@ -154,3 +154,22 @@ def test_get_column_with_a_dotted_column_name() -> None:
         np.testing.assert_array_equal(col.get_at(1), np.array([3.0, 4.0], np.float32))
     nested = HFAsUniEnvDataset.create(datasets.load_from_disk(FIXTURE), NumpyComputeBackend).get_column("extra.gear")
     assert int(nested.get_at(0)) == -3
+
+
+def test_episode_column_gives_segments(tmp_path: object) -> None:
+    datasets = require_module("datasets", "huggingface")
+    from unienv_data.integrations.huggingface import HFAsUniEnvDataset
+    from unienv_data.samplers import SliceSampler
+    ep = [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    ds = datasets.Dataset.from_dict({"episode_index": ep, "x": list(range(9))})
+    a = HFAsUniEnvDataset.create(ds, NumpyComputeBackend, episode_column="episode_index")
+    assert a.get_segments() == [(0, 3), (3, 5), (5, 9)]
+    assert HFAsUniEnvDataset.create(ds, NumpyComputeBackend).get_segments() is None   # as the reference
+    windows, mask = SliceSampler(a, batch_size=32, window=2, seed=0).sample()
+    starts = windows["x"][:, 0]
+    assert bool(np.all(mask)) and not np.isin(starts, [2, 4]).any()   # no window crosses an episode end
+    shuffled = ds.select([0, 3, 1, 2, 4, 5, 6, 7, 8])
+    with pytest.raises(ValueError, match="episode 0 .* not contiguous"):
+        HFAsUniEnvDataset.create(shuffled, NumpyComputeBackend, episode_column="episode_index")
+    with pytest.raises(KeyError, match="'episode'"):
+        HFAsUniEnvDataset.create(ds, NumpyComputeBackend, episode_column="episode")

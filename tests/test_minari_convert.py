@@ -201,3 +201,15 @@ def test_info_verify_plot_read_a_minari_folder(tmp_path: Path) -> None:
         f.truncate(os.path.getsize(h5) // 2)
     proc = run_cli("verify", bad, check=False)
     assert proc.returncode == 1 and "DAMAGED" in proc.stdout and "main_data.hdf5" in proc.stdout
+
+
+def test_from_hf_keeps_the_episodes_of_episode_index(tmp_path: Path) -> None:
+    datasets = require_module("datasets", "huggingface")
+    src = tmp_path / "hf"
+    datasets.Dataset.from_dict({"episode_index": [0, 0, 1, 1, 1], "state": [[0.5, 1.0]] * 5}).save_to_disk(str(src))
+    out = json.loads(run_cli("convert", src, tmp_path / "a", "--from", "hf", "--layout", "native", "--json",
+                             "-q").stdout)
+    assert out["episodes"] == 2 and out["episodes_written"] == 2
+    out = json.loads(run_cli("convert", src, tmp_path / "b", "--from", "hf", "--layout", "native",
+                             "--episode-column", "none", "--json", "-q").stdout)
+    assert out["episodes"] == 0

@@ -24,6 +24,10 @@ def add_minari_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--final-observation", choices=("next", "repeat"), default="next",
                    help="--to minari: where each episode's last observation comes from: the last "
                         "next_observations row (default), or the last observation repeated")
+    p.add_argument_group("Hugging Face (--from hf)").add_argument(
+        "--episode-column", default="auto",
+        help="--from hf: the integer column whose runs of equal values are episodes (default: episode_index when "
+             "the dataset has it; 'none' for no episodes)")
     g.add_argument("--no-next-obs", action="store_true",
                    help="--from minari: leave out next_observations (the observation after each step); the last "
                         "observation of every episode is then not copied")
@@ -38,7 +42,8 @@ def open_minari(path: str, backend: Any, args: argparse.Namespace) -> BatchSourc
 
 
 def open_hf(path: str, backend: Any, args: argparse.Namespace) -> BatchSource:
-    """A Hugging Face dataset saved with `save_to_disk` as a source (no episodes: every row is copied as is)."""
+    """A Hugging Face dataset saved with `save_to_disk` as a source; its episodes are the runs of
+    `--episode-column` (default: `episode_index` when there is one), else it has none."""
     try:
         import datasets
     except ImportError as exc:
@@ -53,7 +58,16 @@ def open_hf(path: str, backend: Any, args: argparse.Namespace) -> BatchSource:
         if len(ds) != 1:
             raise CLIError(f"{path} holds the splits {sorted(ds)}; convert one split folder ({path}/<split>)")
         ds = next(iter(ds.values()))
-    return BatchSource(HFAsUniEnvDataset.create(ds, backend), path, "Hugging Face datasets")
+    column = getattr(args, "episode_column", "auto")
+    if column == "auto":
+        column = "episode_index" if "episode_index" in ds.column_names else None
+    elif column == "none":
+        column = None
+    try:
+        batch = HFAsUniEnvDataset.create(ds, backend, episode_column=column)
+    except (KeyError, ValueError) as exc:
+        raise CLIError(f"--from hf: {exc}") from None
+    return BatchSource(batch, path, "Hugging Face datasets")
 
 
 def export_minari(src: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:

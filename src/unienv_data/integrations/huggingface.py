@@ -186,14 +186,40 @@ def _set_text_spaces(space: Space, table: Any, columns: Sequence[_Column]) -> Sp
     return fix(space, ())
 
 
+def _episode_runs(arrow: Any, name: str) -> List[Tuple[int, int]]:
+    """Maximal runs of equal values of the integer column `name`, as `(start, end)` rows; an episode whose rows
+    are not contiguous raises ValueError (sort the dataset by episode first)."""
+    if name not in arrow.column_names:
+        raise KeyError(f"episode_column {name!r} is not a column of the dataset; its columns are {arrow.column_names}")
+    col = arrow[:].column(name)
+    values = column_to_numpy(_pa(), col, (), np.dtype(np.int64) if _pa().types.is_signed_integer(col.type) else
+                             np.dtype(np.uint64), f"{_WHO}: episode_column {name!r}")
+    if values.size == 0:
+        return []
+    cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [values.size]])
+    uniq, counts = np.unique(values[starts], return_counts=True)
+    if (counts > 1).any():
+        dup = int(uniq[counts > 1][0])
+        raise ValueError(f"{_WHO}: the rows of episode {dup} in column {name!r} are not contiguous; sort the "
+                         "dataset by that column first (hf_dataset.sort(...))")
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
 class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
     """A read-only `BatchBase` over a Hugging Face `datasets.Dataset` (see the module docstring)."""
 
     is_mutable = False
 
     @staticmethod
-    def create(hf_dataset: Any, backend: Any, device: Any = None) -> "HFAsUniEnvDataset":
-        """The dataset as a batch of `backend` arrays on `device`; its space comes from the features (and row 0)."""
+    def create(hf_dataset: Any, backend: Any, device: Any = None, *,
+               episode_column: Optional[str] = None) -> "HFAsUniEnvDataset":
+        """The dataset as a batch of `backend` arrays on `device`; its space comes from the features (and row 0).
+
+        `episode_column` names an integer column (LeRobot's `episode_index`) whose runs of equal values are the
+        episodes: `get_segments()` then reports them, so samplers and `convert` keep them. Without it the
+        dataset has no segments (as in the reference)."""
         datasets = require_module("datasets", "huggingface", _WHO)
         if not isinstance(hf_dataset, datasets.Dataset):
             raise TypeError(f"hf_dataset must be a datasets.Dataset, got {type(hf_dataset).__name__} (an "
@@ -204,15 +230,22 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         space = planner.feature((), dict(hf_dataset.features))
         if any(c.kind == "text" for c in planner.columns):
             space = _set_text_spaces(space, arrow[:], planner.columns)
-        return HFAsUniEnvDataset(hf_dataset, space, planner.columns)
+        segments = None if episode_column is None else _episode_runs(arrow, episode_column)
+        return HFAsUniEnvDataset(hf_dataset, space, planner.columns, segments)
 
-    def __init__(self, hf_dataset: Any, space: Space, columns: Optional[Sequence[_Column]] = None) -> None:
+    def __init__(self, hf_dataset: Any, space: Space, columns: Optional[Sequence[_Column]] = None,
+                 segments: Optional[List[Tuple[int, int]]] = None) -> None:
         if columns is None:
             raise TypeError(f"build an {_WHO} with {_WHO}.create(hf_dataset, backend, device)")
         super().__init__(space)
         self.hf_dataset = hf_dataset
         self._arrow = hf_dataset.with_format("arrow")
         self._columns = list(columns)
+        self._segments = segments
+
+    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """The episodes of `episode_column` as `(start, end)` row ranges, or None (no episode column given)."""
+        return None if self._segments is None else list(self._segments)
 
     def __len__(self) -> int:
         return len(self.hf_dataset)
@@ -283,7 +316,7 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         top = path[0]
         view = HFAsUniEnvDataset(self.hf_dataset.select_columns([top]),
                                  DictSpace(self.backend, {top: self.single_space.spaces[top]}, device=self.device),
-                                 [c for c in self._columns if c.path[0] == top])
+                                 [c for c in self._columns if c.path[0] == top], self._segments)
         return SubItemBatch(view, list(path))
 
 

@@ -278,3 +278,19 @@ def test_pickles_for_dataloader_workers() -> None:
     d.close()
     with pytest.raises(StorageClosedError):
         pickle.dumps(d)
+
+
+@pytest.mark.parametrize("name", ["hdf5", "arrow"])
+def test_whole_dataset_gather_and_episode_reads_agree(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random batches gather from whole-dataset columns; with no room for them they are read episode by episode."""
+    from unienv_data.integrations import _minari_format
+    rows = np.random.default_rng(3).integers(0, FACTS[name]["total_steps"], 40)
+    got = []
+    for budget in (_minari_format.GLOBAL_BYTES, 0):
+        monkeypatch.setattr(_minari_format, "GLOBAL_BYTES", budget)
+        d = MinariAsUniEnvDataset.from_local(os.path.join(FIXTURES, name), include_next_observations=True)
+        got.append(d.get_at(rows))
+        assert bool(d.source._global) and (budget == 0) == all(v is None for v in d.source._global.values())
+        d.close()
+    for key in got[0]:
+        np.testing.assert_array_equal(got[0][key], got[1][key], err_msg=key)

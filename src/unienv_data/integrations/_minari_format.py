@@ -216,6 +216,8 @@ SPAN_FACTOR = 8
 MIN_SPAN = 64
 #: bytes of whole low-dimensional columns kept in memory per open dataset (least recently used dropped first)
 CACHE_BYTES = 256 * 2 ** 20
+#: bytes of whole-dataset low-dimensional columns kept in memory per open dataset (random batches gather from them)
+GLOBAL_BYTES = 512 * 2 ** 20
 
 
 def _rows_key(rows: np.ndarray) -> Tuple[Any, Optional[np.ndarray]]:
@@ -248,6 +250,8 @@ class EpisodeSource:
         self.lengths = np.zeros(self.num_episodes, dtype=np.int64)
         self._cache: "OrderedDict[Tuple[Any, ...], np.ndarray]" = OrderedDict()
         self._cache_bytes = 0
+        self._global: Dict[Tuple[Any, ...], Optional[np.ndarray]] = {}
+        self._global_bytes = 0
         self.step_dtypes: Dict[str, np.dtype] = {"rewards": np.dtype(np.float64),
                                                  "terminations": np.dtype(np.bool_),
                                                  "truncations": np.dtype(np.bool_)}
@@ -271,6 +275,51 @@ class EpisodeSource:
     def read_observations(self, episode: int, rows: np.ndarray) -> Dict[Path, np.ndarray]:
         """Observations `rows` of `episode` (row `n` is the one after the last step)."""
         return {leaf.path: self.read_leaf(episode, "observations", leaf, rows) for leaf in self.obs_leaves}
+
+    def gather(self, field: str, episodes: np.ndarray, steps: np.ndarray) -> Optional[Any]:
+        """Rows (`episodes[i]`, `steps[i]`) of `field` from whole-dataset columns held in memory (built on first
+        use, up to GLOBAL_BYTES per dataset): `{leaf path: array}` for observations and actions, an array for the
+        step fields; None when the field has images or text, or does not fit (then read episode by episode)."""
+        if self.num_episodes == 0:
+            return None
+        if field in ("observations", "next_observations", "actions"):
+            base = "actions" if field == "actions" else "observations"
+            leaves = self.act_leaves if field == "actions" else self.obs_leaves
+            if any(leaf.image or leaf.text for leaf in leaves):
+                return None
+            cols = [self._global_column(base, leaf) for leaf in leaves]
+            if any(c is None for c in cols):
+                return None
+            starts = self._starts() + (np.arange(self.num_episodes) if base == "observations" else 0)
+            rows = starts[episodes] + steps + (1 if field == "next_observations" else 0)
+            return {leaf.path: c[rows] for leaf, c in zip(leaves, cols)}  # type: ignore[index]
+        col = self._global_column(field, None)
+        return None if col is None else col[self._starts()[episodes] + steps]
+
+    def _starts(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    def _global_column(self, field: str, leaf: Optional[Leaf]) -> Optional[np.ndarray]:
+        key = (field, None if leaf is None else leaf.path)
+        if key in self._global:
+            return self._global[key]
+        extra = 1 if field == "observations" else 0
+        count = int(self.lengths.sum()) + extra * self.num_episodes
+        if leaf is None:
+            itemsize = self.step_dtypes[field].itemsize
+        else:
+            itemsize = (leaf.dtype.itemsize if leaf.dtype is not None else 8) * int(np.prod(leaf.shape))
+        if self._global_bytes + count * itemsize > GLOBAL_BYTES:
+            self._global[key] = None
+            return None
+        parts = []
+        for e in range(self.num_episodes):
+            rows = np.arange(int(self.lengths[e]) + extra, dtype=np.int64)
+            parts.append(self._load_step_field(e, field, rows) if leaf is None else self._load_leaf(e, field, leaf, rows))
+        whole = np.concatenate(parts)
+        self._global[key] = whole
+        self._global_bytes += whole.nbytes
+        return whole
 
     def _cached(self, key: Tuple[Any, ...], count: int, load: Any, rows: np.ndarray) -> np.ndarray:
         """Rows `rows` of a whole column of `count` rows that `load(all_rows)` reads, kept in the LRU cache."""
@@ -316,6 +365,8 @@ class EpisodeSource:
     def close(self) -> None:
         self._cache.clear()
         self._cache_bytes = 0
+        self._global.clear()
+        self._global_bytes = 0
 
 
 class HDF5Episodes(EpisodeSource):

@@ -198,10 +198,19 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         steps = positions - self._starts[episodes]
         n = positions.size
         parts: Dict[str, Dict[Path, np.ndarray]] = {}
-        uniq = np.unique(episodes)
-        for e in uniq.tolist():
-            sel = np.flatnonzero(episodes == e) if uniq.size > 1 else np.arange(n)
-            got = self.source.read(int(e), steps[sel], self._fields)
+        per_episode = []
+        for field in self._fields:
+            got = self.source.gather(field, episodes, steps) if n > 1 else None
+            if got is None:
+                per_episode.append(field)
+            else:
+                parts[field] = got if isinstance(got, dict) else {(): got}
+        order = np.argsort(episodes, kind="stable")
+        uniq, first = np.unique(episodes[order], return_index=True)
+        bounds = np.append(first, n)
+        for j, e in enumerate(uniq.tolist() if per_episode else []):
+            sel = order[bounds[j]:bounds[j + 1]] if uniq.size > 1 else np.arange(n)
+            got = self.source.read(int(e), steps[sel], per_episode)
             for field, value in got.items():
                 leaves = value if isinstance(value, dict) else {(): value}
                 bucket = parts.setdefault(field, {})

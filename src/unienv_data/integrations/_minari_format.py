@@ -375,6 +375,7 @@ class HDF5Episodes(EpisodeSource):
     def __init__(self, data_dir: str, meta: Dict[str, Any], obs_leaves: Sequence[Leaf],
                  act_leaves: Sequence[Leaf]) -> None:
         super().__init__(data_dir, meta, obs_leaves, act_leaves)
+        require_module("h5py", "minari", WHO)     # named here, so the message names this reader and its extra
         from unienv_data.storages._hdf5_file import _open_file
         self.path = os.path.join(data_dir, HDF5_FILE)
         if not os.path.isfile(self.path):

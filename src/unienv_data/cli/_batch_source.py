@@ -9,6 +9,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 
+def backend_class(name: str) -> Any:
+    """The compute backend of `--backend` for a source of another tool ("auto": NumPy)."""
+    if name == "pytorch":
+        from unienv_interface.backends.pytorch import PyTorchComputeBackend
+        return PyTorchComputeBackend
+    from unienv_interface.backends import NumpyComputeBackend
+    return NumpyComputeBackend
+
+
 def folder_bytes(path: str) -> int:
     """Bytes of every file under `path` (a file's own size for a file)."""
     if os.path.isfile(path):
@@ -92,4 +101,4 @@ class BatchSource:
         self.close()
 
 
-__all__ = ["BatchSource", "folder_bytes"]
+__all__ = ["BatchSource", "backend_class", "folder_bytes"]

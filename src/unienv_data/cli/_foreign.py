@@ -42,7 +42,7 @@ def detect(path: str) -> Optional[str]:
 
 def open_foreign(fmt: str, path: str, backend: str = "auto") -> BatchSource:
     """`path` opened read-only through the format's opener (steps only: no `next_observations`)."""
-    from ._minari_hf import backend_class
+    from ._batch_source import backend_class
     args = argparse.Namespace(no_next_obs=True)
     return _resolve(FOREIGN[fmt][1])(os.path.abspath(path), backend_class(backend), args)
 

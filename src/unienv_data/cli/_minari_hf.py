@@ -80,18 +80,9 @@ def export_minari(src: Any, dst: str, args: argparse.Namespace, progress: Callab
         raise CLIError(f"--to minari: {exc}") from None
 
 
-def backend_class(name: str) -> Any:
-    """The compute backend of `--backend` for a foreign source (auto: NumPy)."""
-    if name == "pytorch":
-        from unienv_interface.backends.pytorch import PyTorchComputeBackend
-        return PyTorchComputeBackend
-    from unienv_interface.backends import NumpyComputeBackend
-    return NumpyComputeBackend
-
-
 def is_minari_folder(path: str) -> bool:
     from unienv_data.integrations._minari_format import is_minari_dir
     return os.path.isdir(path) and is_minari_dir(path)
 
 
-__all__ = ["add_minari_arguments", "open_minari", "open_hf", "export_minari", "backend_class", "is_minari_folder"]
+__all__ = ["add_minari_arguments", "open_minari", "open_hf", "export_minari", "is_minari_folder"]

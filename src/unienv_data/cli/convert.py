@@ -138,7 +138,7 @@ def open_source(args: argparse.Namespace, src: str) -> Any:
     from unienv_data.inspect import open_dataset
     if args.src_format is None:
         return open_dataset(src, backend=args.backend)
-    from ._minari_hf import backend_class
+    from ._batch_source import backend_class
     return _resolve(IMPORTERS[args.src_format])(src, backend_class(args.backend), args)
 
 

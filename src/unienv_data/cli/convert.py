@@ -11,10 +11,16 @@ kept with its boundaries, rows outside any episode copied as they are. Layouts:
 * `native-video`: the same with images in a `VideoStorage` (`--codec`, `--lossless`, `--crf`).
 
 The copy streams: SRC is read `--chunk` rows at a time, so memory stays bounded by one chunk whatever the size.
+
+Other formats. `--from FORMAT` reads SRC as a dataset of another tool (`minari`: a Minari folder, HDF5 or
+Arrow; `hf`: a Hugging Face dataset saved with `save_to_disk`) and writes DST in `--layout` as above. `--to
+FORMAT` writes DST in another tool's format instead of a layout (`minari`: a folder that `minari.load_dataset`
+opens). Each format's code lives in its own module, named in IMPORTERS / EXPORTERS.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,6 +31,22 @@ from ._common import (CLIError, Progress, add_backend_flag, add_output_flags, hu
                       print_json, rate)
 
 LAYOUTS = ("flattened", "native", "native-video")
+#: `--from FORMAT`: "module:function(path, backend, args)" returning a source with the face of an OpenedDataset
+IMPORTERS: Dict[str, str] = {
+    "minari": "unienv_data.cli._minari_hf:open_minari",
+    "hf": "unienv_data.cli._minari_hf:open_hf",
+}
+#: `--to FORMAT`: "module:function(src, dst, args, progress)" returning a summary dict
+EXPORTERS: Dict[str, str] = {
+    "minari": "unienv_data.cli._minari_hf:export_minari",
+}
+#: "module:function(parser)" adding each format's own options
+FORMAT_ARGUMENTS: List[str] = ["unienv_data.cli._minari_hf:add_minari_arguments"]
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +54,11 @@ def add_parser(sub: Any) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="SRC", help="dataset to read")
     p.add_argument("dst", metavar="DST", help="directory to write (must not exist or be empty, unless --force)")
-    p.add_argument("--layout", choices=LAYOUTS, required=True, help="layout of DST")
+    p.add_argument("--layout", choices=LAYOUTS, default=None, help="layout of DST (required unless --to)")
+    p.add_argument("--from", dest="src_format", choices=sorted(IMPORTERS), default=None,
+                   help="read SRC as a dataset of another tool (default: a dataset of this library)")
+    p.add_argument("--to", dest="dst_format", choices=sorted(EXPORTERS), default=None,
+                   help="write DST in another tool's format instead of a --layout")
     p.add_argument("--capacity", type=int, default=None,
                    help="capacity of DST (default: SRC's capacity; 0 means growable)")
     p.add_argument("--chunk", type=int, default=256, help="rows read from SRC at a time (default 256)")
@@ -42,6 +68,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace DST if it holds files")
     add_backend_flag(p)
     add_output_flags(p)
+    for spec in FORMAT_ARGUMENTS:
+        _resolve(spec)(p)
     p.set_defaults(run=run)
 
 
@@ -105,18 +133,49 @@ def row_of(batch: Any, i: int) -> Any:
     return batch[i]
 
 
+def open_source(args: argparse.Namespace, src: str) -> Any:
+    """SRC opened read-only: a dataset of this library, or through the `--from` importer."""
+    from unienv_data.inspect import open_dataset
+    if args.src_format is None:
+        return open_dataset(src, backend=args.backend)
+    from ._batch_source import backend_class
+    return _resolve(IMPORTERS[args.src_format])(src, backend_class(args.backend), args)
+
+
+def run_export(args: argparse.Namespace, src: str, dst: str) -> int:
+    """`--to FORMAT`: SRC written in another tool's format."""
+    prepare_output_dir(dst, set(), "convert", force=args.force)
+    t_start = time.perf_counter()
+    with open_source(args, src) as ds:
+        n = len(ds)
+        with Progress(n, f"converting to {args.dst_format}", "rows", enabled=not args.quiet) as bar:
+            summary = _resolve(EXPORTERS[args.dst_format])(ds, dst, args, bar.update)
+    seconds = time.perf_counter() - t_start
+    summary = dict(summary, src=src, dst=dst, to=args.dst_format, rows=n, seconds=seconds, rows_per_s=rate(n, seconds))
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"converted {src} -> {dst} ({args.dst_format}): {n} rows, {summary.get('episodes', '?')} episodes in "
+              f"{seconds:.2f} s ({summary['rows_per_s']:,.0f} rows/s)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import warnings
-    from unienv_data.inspect import describe, open_dataset
+    from unienv_data.inspect import describe
     from unienv_data.replay_buffer import ReplayBuffer
     if args.chunk < 1:
         raise CLIError("--chunk must be at least 1")
+    if (args.layout is None) == (args.dst_format is None):
+        raise CLIError("give exactly one of --layout (a layout of this library) and --to (another tool's format)")
     if args.layout != "native-video" and (args.lossless or args.crf is not None or args.codec != "auto"):
         raise CLIError("--codec, --lossless and --crf apply to --layout native-video")
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
     if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
         raise CLIError("SRC and DST must be different, non-nested directories")
-    with open_dataset(src, backend=args.backend) as ds:
+    if args.dst_format is not None:
+        return run_export(args, src, dst)
+    with open_source(args, src) as ds:
         n = len(ds)
         episodes = ds.episodes()
         cap = ds.capacity if args.capacity is None else (args.capacity or None)
@@ -152,14 +211,17 @@ def run(args: argparse.Namespace) -> int:
             raise
         rb.close()
         seconds = time.perf_counter() - t_start
-    before, after = describe(src), describe(dst)
+    after = describe(dst)
+    bytes_before = describe(src)["total_bytes"] if args.src_format is None else ds.total_bytes()
     summary = {"src": src, "dst": dst, "layout": args.layout, "rows": n, "episodes": len(episodes),
                "episodes_written": len(after["episodes"]), "seconds": seconds, "rows_per_s": rate(n, seconds),
-               "bytes_before": before["total_bytes"], "bytes_after": after["total_bytes"],
+               "bytes_before": bytes_before, "bytes_after": after["total_bytes"],
                "bytes_per_key": after["bytes_per_key"], "warnings": notes}
-    if after["episodes"] != before["episodes"]:
+    if args.src_format is not None:
+        summary["from"] = args.src_format
+    if [tuple(e) for e in after["episodes"]] != [tuple(e) for e in episodes]:
         raise CLIError(f"the episodes of {dst} ({after['episodes'][:5]} ...) differ from those of {src} "
-                       f"({before['episodes'][:5]} ...)")
+                       f"({episodes[:5]} ...)")
     if args.json:
         print_json(summary)
     else:

@@ -26,7 +26,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from unienv_data.inspect import describe
-    d = describe(args.path)
+    from ._foreign import describe_foreign, detect
+    fmt = detect(args.path)   # another tool's dataset (a Minari folder, ...)
+    d = describe_foreign(fmt, args.path) if fmt else describe(args.path)
     if args.json:
         print_json(d)
         return 0

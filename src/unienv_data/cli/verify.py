@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._common import Progress, add_backend_flag, add_output_flags, human_bytes, print_json
+from ._common import CLIError, Progress, add_backend_flag, add_output_flags, human_bytes, print_json
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +40,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
+    from ._foreign import detect, verify_foreign
+    fmt = detect(args.path)   # another tool's dataset (a Minari folder, ...)
+    if fmt and args.write_checksums:
+        raise CLIError(f"--write-checksums writes this library's checksum file; {args.path} is a {fmt} dataset")
+    report = (verify_foreign(fmt, args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
+              if fmt else verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet))
     if report["ok"] and args.write_checksums:
         report["checksums_written"] = write_checksums(report["root_dir"], report["files"])
     if args.json:

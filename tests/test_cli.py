@@ -87,7 +87,7 @@ def read_all(path: Path) -> Dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------------------------- help / entry
 def test_help_on_every_command() -> None:
     top = run_cli("--help")
-    for name in ("demo", "info", "verify", "plot", "convert", "export-video"):
+    for name in ("demo", "info", "verify", "plot", "stats", "convert", "export-video"):
         assert name in top.stdout
         sub = run_cli(name, "--help")
         assert sub.stdout.startswith(f"usage: unienv-data {name}"), sub.stdout[:200]

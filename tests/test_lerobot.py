@@ -384,6 +384,45 @@ def test_convert_from_lerobot_keeps_values_and_episodes(tmp_path: Path) -> None:
             np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)
 
 
+def test_convert_from_lerobot_defaults_to_native_video_at_the_dataset_fps(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    dst = tmp_path / "nv"
+    assert _cli("convert", FIXTURES / "v21_video", dst, "--from", "lerobot", "--lossless", "-q", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["layout"] == "native-video" and summary["fps"] == 10 and summary["from"] == "lerobot"
+    recorded = []
+    for meta in dst.rglob("*.json"):
+        d = json.loads(meta.read_text())
+        if isinstance(d, dict) and "fps" in d and "codec" in json.dumps(d):
+            recorded.append(d["fps"])
+    assert recorded and set(recorded) == {10}, recorded        # the videos' metadata, not VideoStorage's 15
+    with open_fixture("v21_video") as ds:
+        want = ds.get_at(slice(None))
+        segments = ds.get_segments()
+    from unienv_data.inspect import open_dataset
+    with open_dataset(str(dst)) as ours:
+        assert ours.episodes() == segments
+        got = ours.read(np.arange(len(ours)))
+    np.testing.assert_array_equal(np.asarray(got["observation.images.top"]), want["observation.images.top"])
+
+
+def test_convert_lerobot_to_lerobot_takes_the_source_fps(tmp_path: Path) -> None:
+    # --from and --to combine through the generic tables; without --fps the source's is used
+    out = tmp_path / "v30"
+    assert _cli("convert", FIXTURES / "v21_video", out, "--from", "lerobot", "--to", "lerobot", "--task-key",
+                "task_index", "--task-names", FIXTURES / "v21_video", "-q") == 0
+    exp = expected("v21_video")
+    with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as ds:
+        assert ds.schema.codebase_version == "v3.0" and ds.fps == exp["fps"]
+        assert ds.get_segments() == [(0, 12), (12, 27), (27, 37)]
+        assert ds.get_at_with_metadata(slice(None))[1]["task"] == exp["task"]
+    # a failed export leaves no DST behind, and DST is free for the next run
+    bad = tmp_path / "bad"
+    assert _cli("convert", FIXTURES / "v21_video", bad, "--from", "lerobot", "--to", "lerobot", "--lossless",
+                "-q") == 1
+    assert not bad.exists()
+
+
 def test_convert_to_lerobot_opens_in_lerobot_with_equal_values(tmp_path: Path) -> None:
     native, out = tmp_path / "native", tmp_path / "lerobot"
     assert _cli("convert", FIXTURES / "v30_multifile", native, "--from", "lerobot", "--layout", "native", "-q") == 0
@@ -454,7 +493,8 @@ def test_info_and_verify_on_lerobot_folders(tmp_path: Path, capsys: pytest.Captu
     assert _cli("info", FIXTURES / "v21_video", "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert d["kind"] == "LeRobot v2.1" and d["length"] == 37 and d["episode_lengths"] == [12, 15, 10]
-    assert d["tasks"] == {"0": "pick the cube", "1": "place the cube", "2": "wave"}
+    assert d["details"]["tasks"] == {"0": "pick the cube", "1": "place the cube", "2": "wave"}
+    assert d["details"]["fps"] == 10 and d["format_versions"] == {"lerobot": "v2.1"}
     assert _cli("verify", FIXTURES / "v30_multifile", "-q") == 0
     assert "OK" in capsys.readouterr().out
     root = copy_fixture("v30_video", tmp_path)

@@ -211,10 +211,33 @@ def run(args: argparse.Namespace) -> int:
         return copy_to_buffer(ds, src, dst, args)
 
 
+def source_fps(ds: Any) -> Optional[float]:
+    """The frame rate of the source's cameras: its `fps` (a LeRobot folder's), else the one fps every `VideoStorage`
+    of one of our datasets shares (None when there is none, or they differ)."""
+    fps = getattr(ds, "fps", None)
+    if fps is not None:
+        return fps
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.transformation import TransformedStorage
+    from unienv_data.storages.video_storage import VideoStorage
+    found = set()
+    stack = [getattr(ds, "storage", None)]
+    while stack:
+        st = stack.pop()
+        if isinstance(st, VideoStorage):
+            found.add(st.fps)
+        elif isinstance(st, DictStorage):
+            stack.extend(st.storages.values())
+        elif isinstance(st, TransformedStorage):
+            stack.append(st.inner_storage)
+    return found.pop() if len(found) == 1 else None
+
+
 def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace) -> int:
     """Copies the opened source `ds` (an `OpenedDataset` or a `BatchSource`: `space`, `len`, `episodes()`,
-    `capacity`, `read(idx)`, optionally `fps`) into a new ReplayBuffer at `dst` in `args.layout`, streaming
-    `args.chunk` rows at a time, every episode kept with its boundaries. Prints the summary; returns the exit code."""
+    `capacity`, `read(idx)`) into a new ReplayBuffer at `dst` in `args.layout`, streaming
+    `args.chunk` rows at a time, every episode kept with its boundaries; `native-video` files record `source_fps(ds)`.
+    Prints the summary; returns the exit code."""
     import warnings
     from unienv_data.inspect import describe
     from unienv_data.replay_buffer import ReplayBuffer
@@ -223,7 +246,7 @@ def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace) -> int
     cap = ds.capacity if args.capacity is None else (args.capacity or None)
     if cap is not None and n > cap:
         raise CLIError(f"--capacity {cap} is smaller than the {n} rows of SRC")
-    fps = getattr(ds, "fps", None)
+    fps = source_fps(ds) if args.layout == "native-video" else None
     storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf, fps=fps)
     prepare_output_dir(dst, set(), "convert", force=args.force)
     with warnings.catch_warnings(record=True) as caught:
@@ -260,7 +283,7 @@ def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace) -> int
                "episodes_written": len(after["episodes"]), "seconds": seconds, "rows_per_s": rate(n, seconds),
                "bytes_before": bytes_before, "bytes_after": after["total_bytes"],
                "bytes_per_key": after["bytes_per_key"], "warnings": notes}
-    if fps is not None and args.layout == "native-video":
+    if fps is not None:
         summary["fps"] = fps
     if args.src_format is not None:
         summary["from"] = args.src_format

@@ -34,12 +34,22 @@ def folder_bytes(path: str) -> int:
 
 class BatchSource:
     """`batch` read as a dataset: its rows in order, its `get_segments()` as the episodes (none when it has no
-    segment information), no fixed capacity."""
+    segment information), no fixed capacity.
 
-    def __init__(self, batch: Any, path: str, kind: str) -> None:
+    What the format's opener knows besides: `fps` (frames per second of its cameras; a `native-video` copy records
+    it), `format_version` (the other tool's version of the files), `details` (format-specific facts `info` shows:
+    tasks, robot type, ...) and `problems` (inconsistencies found on opening that `verify` and `info` report)."""
+
+    def __init__(self, batch: Any, path: str, kind: str, fps: Optional[float] = None,
+                 format_version: Optional[str] = None, details: Optional[Dict[str, Any]] = None,
+                 problems: Optional[List[str]] = None) -> None:
         self.batch = batch
         self.path = path
         self.kind = kind
+        self.fps = fps
+        self.format_version = format_version
+        self.details: Dict[str, Any] = dict(details or {})
+        self.problems: List[str] = list(problems or [])
         self.space = batch.single_space
         self.backend = batch.backend
         self.capacity: Optional[int] = None

@@ -1,4 +1,4 @@
-"""Datasets of other tools that `info`, `verify` and `plot` read directly (a Minari folder, ...).
+"""Datasets of other tools that `info`, `verify` and `plot` read directly (a LeRobot or Minari folder).
 
 `FOREIGN` names, per format, a detector `module:function(path) -> bool` and an opener
 `module:function(path, backend, args) -> BatchSource`. `detect(path)` gives the first format whose detector
@@ -20,6 +20,7 @@ from ._batch_source import BatchSource, folder_bytes
 
 #: format -> (detector, opener), each "module:function"
 FOREIGN: Dict[str, Tuple[str, str]] = {
+    "lerobot": ("unienv_data.cli._lerobot:is_lerobot_folder", "unienv_data.cli._lerobot:open_lerobot"),
     "minari": ("unienv_data.cli._minari_hf:is_minari_folder", "unienv_data.cli._minari_hf:open_minari"),
 }
 
@@ -56,8 +57,10 @@ def describe_foreign(fmt: str, path: str) -> Dict[str, Any]:
         episodes = ds.episodes()
         space = space_to_json(ds.space)
         n = len(ds)
-        version = getattr(ds.batch, "dataset_metadata", {}).get("minari_version")
+        version = ds.format_version
         kind = ds.kind
+        details = ds.details
+        problems = list(ds.problems)
     files: List[Dict[str, Any]] = []
     for root, _dirs, names in os.walk(path):
         for name in sorted(names):
@@ -71,7 +74,7 @@ def describe_foreign(fmt: str, path: str) -> Dict[str, Any]:
             "length": n, "offset": None, "episodes": [list(e) for e in episodes],
             "episode_lengths": [e - s for s, e in episodes], "space": space, "space_tree": space_tree_lines(space),
             "storages": files, "bytes_per_key": {}, "raw_bytes_per_key": raw_bytes_per_key(space, n),
-            "total_bytes": folder_bytes(path), "problems": []}
+            "total_bytes": folder_bytes(path), "details": details, "problems": problems}
 
 
 def _outside_bounds(space: Any, values: np.ndarray) -> int:
@@ -106,6 +109,7 @@ def verify_foreign(fmt: str, path: str, read_rows: bool = True, backend: str = "
                 "warnings": warnings, "checked": checked, "files": []}
     with ds:
         kind = ds.kind
+        problems.extend(ds.problems)
         checked.update(opened=True, length=len(ds), episodes=len(ds.episodes()))
         if read_rows:
             t0 = time.perf_counter()

@@ -38,7 +38,9 @@ def open_minari(path: str, backend: Any, args: argparse.Namespace) -> BatchSourc
     from unienv_data.integrations.minari import MinariAsUniEnvDataset
     keep_next = not getattr(args, "no_next_obs", False)
     batch = MinariAsUniEnvDataset.from_local(path, backend=backend, include_next_observations=keep_next)
-    return BatchSource(batch, path, f"Minari ({batch.data_format})")
+    version = batch.dataset_metadata.get("minari_version")
+    return BatchSource(batch, path, f"Minari ({batch.data_format})",
+                       format_version=None if version is None else str(version))
 
 
 def open_hf(path: str, backend: Any, args: argparse.Namespace) -> BatchSource:
@@ -73,6 +75,8 @@ def open_hf(path: str, backend: Any, args: argparse.Namespace) -> BatchSource:
 def export_minari(src: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
     """Writes the opened dataset `src` as a Minari folder at `dst` (see `integrations.minari_export`)."""
     from unienv_data.integrations.minari_export import write_minari
+    if args.lossless or args.crf is not None or args.codec != "auto":
+        raise CLIError("--codec, --lossless and --crf do not apply to --to minari (Minari keeps images as arrays)")
     try:
         return write_minari(src, dst, dataset_id=args.dataset_id, data_format=args.minari_format,
                             final_observation=args.final_observation, chunk=args.chunk, progress=progress)

@@ -3,7 +3,9 @@
 Prints the kind (ReplayBuffer directory or storage), length and capacity, the episodes (segments), the space
 tree, every storage with the keys it holds, its capacity, length, segments, bytes and how it stores them, the bytes
 per key on disk next to the raw bytes of the same samples in their own dtype, and the format version of every
-metadata file. Problems found in the metadata are listed (run `verify` for a full check).
+metadata file. Problems found in the metadata are listed (run `verify` for a full check). Another tool's dataset
+(a LeRobot or Minari folder) is opened with its reader and summarised the same way, with what that format records
+besides (a LeRobot dataset's fps, tasks and video codecs).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from unienv_data.inspect import describe
     from ._foreign import describe_foreign, detect
-    fmt = detect(args.path)   # another tool's dataset (a Minari folder, ...)
+    fmt = detect(args.path)   # another tool's dataset (a LeRobot or Minari folder)
     d = describe_foreign(fmt, args.path) if fmt else describe(args.path)
     if args.json:
         print_json(d)
@@ -65,6 +67,8 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
         lines.append("    " + ", ".join("..." if e is None else f"[{e[0]}, {e[1]})" for e in eps))
     else:
         lines.append("  episodes: none recorded")
+    for k, v in (d.get("details") or {}).items():   # what another tool's dataset records besides (LeRobot tasks, ...)
+        lines.append(f"  {k.replace('_', ' ')}: {_short(v)}")
     if d["space_tree"]:
         lines.append("space:")
         lines.extend("  " + s for s in _aligned_tree(d["space_tree"]))
@@ -96,6 +100,12 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
         lines.append(f"problems ({len(d['problems'])}; run 'unienv-data verify' for a full check):")
         lines.extend(f"  {p}" for p in d["problems"])
     return lines
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    """`value` on one line: a mapping as `key: value; ...`, cut at `limit` characters."""
+    text = "; ".join(f"{k}: {v!r}" for k, v in value.items()) if isinstance(value, dict) else repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
 def _aligned_tree(tree: List[str]) -> List[str]:

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(out, exist_ok=True)
     written: List[str] = []
     from ._foreign import detect, open_foreign
-    fmt = detect(path)   # another tool's dataset (a Minari folder, ...)
+    fmt = detect(path)   # another tool's dataset (a LeRobot or Minari folder)
     with (open_foreign(fmt, path, args.backend) if fmt else open_dataset(path, backend=args.backend)) as ds:
         episodes = ds.episodes()
         images = ds.image_keys()

@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ._foreign import detect, verify_foreign
-    fmt = detect(args.path)   # another tool's dataset (a Minari folder, ...)
+    fmt = detect(args.path)   # another tool's dataset (a LeRobot or Minari folder)
     if fmt and args.write_checksums:
         raise CLIError(f"--write-checksums writes this library's checksum file; {args.path} is a {fmt} dataset")
     report = (verify_foreign(fmt, args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)

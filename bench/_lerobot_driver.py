@@ -90,6 +90,10 @@ def load(root: str, plan_path: str, out_path: str) -> None:
             check[k + "_is_pad"] = torch.stack([it[k + "_is_pad"] for it in items]).numpy()
         for k in cams:
             check[k + "_is_pad"] = torch.stack([it[k + "_is_pad"] for it in items]).numpy()
+    if plan.get("check_only"):
+        np.savez(out_path, **check)
+        print(json.dumps({"checked": len(plan["check"])}))
+        return
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(plan["seed"])
     w = plan["workers"]

@@ -99,6 +99,8 @@ def converted(root: Path) -> Path:
             shutil.rmtree(dst)
         code = "import sys; from unienv_data.cli import main; sys.exit(main())"
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    lerobot_env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    lerobot_env.pop("PYTHONPATH", None)
         subprocess.run([sys.executable, "-c", code, "convert", str(root), str(dst), "--from", "lerobot"], check=True,
                        stdout=subprocess.DEVNULL, env=env)
         (dst / ".complete").write_text("ok\n")
@@ -372,6 +374,8 @@ def main() -> None:
     rows: List[Dict[str, Any]] = []
     problems_all: Dict[str, List[str]] = {}
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    lerobot_env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    lerobot_env.pop("PYTHONPATH", None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-lerobot-"))
     try:
         for shape in shapes:
@@ -394,7 +398,7 @@ def main() -> None:
                         path = str(conv if c == "c" else root)
                         cmd = [sys.executable, str(Path(__file__).resolve()), "--_contender", c, "--_path", path,
                                "--_plan", str(pf), "--_out", str(of)]
-                    res, peak = run_measured(cmd, env=env if c != "a" else None)
+                    res, peak = run_measured(cmd, env=env if c != "a" else lerobot_env)
                     row = {"shape": shape, "workers": w, "contender": c, **res, "peak_rss_mb": peak / 2 ** 20}
                     rows.append(row)
                     print(f"  {shape:6s} w={w} ({c}) {NAMES[c]:9s} {res['samples_per_s']:9.1f} samples/s  first "

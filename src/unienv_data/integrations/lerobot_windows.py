@@ -209,9 +209,10 @@ class LeRobotWindows:
         return out
 
     def _read_camera(self, key: str, rows: np.ndarray) -> np.ndarray:
-        uniq, inverse = np.unique(rows.reshape(-1), return_inverse=True)
-        frames = self._columns[key].read(uniq)
-        return frames[inverse.reshape(rows.shape)]
+        # every window row in one read: the source decodes each distinct frame once and copies repeats (pad frames,
+        # overlapping windows) itself, so the frames land in their final places with a single copy
+        frames = self._columns[key].read(rows.reshape(-1))
+        return frames.reshape(rows.shape + frames.shape[1:])
 
     def _executor(self) -> ThreadPoolExecutor:
         import os

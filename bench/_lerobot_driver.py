@@ -97,8 +97,10 @@ def load(root: str, plan_path: str, out_path: str) -> None:
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(plan["seed"])
     w = plan["workers"]
-    loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], shuffle=True, num_workers=w,
-                                         generator=gen, drop_last=True, persistent_workers=False,
+    # shuffled without replacement, epoch after epoch (the timing runs for a minimum time, not one epoch)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=plan["batch_size"] * plan["max_batches"], generator=gen)
+    loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], sampler=sampler, num_workers=w,
+                                          drop_last=True, persistent_workers=False,
                                          prefetch_factor=2 if w else None)
     it = iter(loader)
     batch = next(it)
@@ -106,13 +108,16 @@ def load(root: str, plan_path: str, out_path: str) -> None:
     assert batch[cams[0]].shape[1] == len(plan["obs_offsets"])
     t1 = time.perf_counter()
     n = 0
-    for _ in range(plan["batches"]):
+    batches = 0
+    while batches < plan["batches"] or (time.perf_counter() - t1 < plan["min_seconds"] and
+                                        batches < plan["max_batches"] - 1):
         batch = next(it)
         n += batch["action"].shape[0]
+        batches += 1
     dt_run = time.perf_counter() - t1
     del it, loader
     np.savez(out_path, **check)
-    print(json.dumps({"samples_per_s": n / dt_run, "first_batch_s": first, "setup_s": t0 - t_start}))
+    print(json.dumps({"batches": batches, "samples_per_s": n / dt_run, "first_batch_s": first, "setup_s": t0 - t_start}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Full run: 50 episodes x 200 frames per shape; `--quick`: 10 episodes x 100 frame
 Access (ACT / diffusion-policy training): shuffled batches of 64 samples; every `observation.*` key at
 delta_timestamps [-0.1, 0.0] (2 frames per camera), `action` at 16 steps [0, 0.1, ..., 1.5], pad masks at episode
 edges. Every contender runs in its own process with a torch DataLoader (batch 64, shuffle with the same seeded
-generator, drop_last, workers 0 and 2); samples/s is measured over `--batches` batches after the first.
+generator, drop_last, workers 0 and 2); samples/s is measured after the first batch over at least `--batches`
+batches and `--min-seconds` seconds (default 30 and 10 s, quick 8 and 3 s; the sampler runs epoch after epoch).
 
 Contenders:
   (a) lerobot     `LeRobotDataset(root, delta_timestamps=...)` + DataLoader, in the lerobot venv
@@ -32,7 +33,7 @@ and masks must be equal). The last line is
     lerobot ratios: in-place X.XXx converted Y.YYx limit Z.ZZx
 the worst (b)/(a), (c)/(a) and (b)/(d) over the shapes and worker counts that ran.
 
-Usage:  python bench/bench_lerobot.py [--quick] [--shapes pusht,aloha] [--workers 0,2] [--batches N]
+Usage:  python bench/bench_lerobot.py [--quick] [--shapes pusht,aloha] [--workers 0,2] [--batches N] [--min-seconds S]
         [--lerobot-python PATH] [--json PATH]
 """
 from __future__ import annotations
@@ -99,8 +100,6 @@ def converted(root: Path) -> Path:
             shutil.rmtree(dst)
         code = "import sys; from unienv_data.cli import main; sys.exit(main())"
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    lerobot_env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    lerobot_env.pop("PYTHONPATH", None)
         subprocess.run([sys.executable, "-c", code, "convert", str(root), str(dst), "--from", "lerobot"], check=True,
                        stdout=subprocess.DEVNULL, env=env)
         (dst / ".complete").write_text("ok\n")
@@ -259,7 +258,7 @@ class BareDecode:
                     if idx == k:
                         break
                 # one reused converter (a new one per frame, as `to_ndarray(format=...)` makes, costs more than decoding)
-                dst[j] = self._rf.reformat(frame, format="rgb24").to_ndarray()
+                dst[j] = self._rf.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
 
 def contender_main(which: str, path: str, plan: Dict[str, Any], out_npz: str) -> None:
@@ -293,21 +292,26 @@ def contender_main(which: str, path: str, plan: Dict[str, Any], out_npz: str) ->
     t0 = time.perf_counter()
     w = plan["workers"]
     gen = torch.Generator().manual_seed(plan["seed"])
-    loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], shuffle=True, num_workers=w,
-                                         generator=gen, drop_last=True, collate_fn=collate,
+    # shuffled without replacement, epoch after epoch (the timing runs for a minimum time, not one epoch)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=plan["batch_size"] * plan["max_batches"], generator=gen)
+    loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], sampler=sampler, num_workers=w,
+                                          drop_last=True, collate_fn=collate,
                                          prefetch_factor=2 if w else None)
     it = iter(loader)
     batch = next(it)
     first = time.perf_counter() - t0 + open_s
     t1 = time.perf_counter()
     n = 0
-    for _ in range(plan["batches"]):
+    batches = 0
+    while batches < plan["batches"] or (time.perf_counter() - t1 < plan["min_seconds"] and
+                                        batches < plan["max_batches"] - 1):
         batch = next(it)
         n += batch["action"].shape[0]
+        batches += 1
     run_s = time.perf_counter() - t1
     del it, loader
     np.savez(out_npz, **check)
-    print(json.dumps({"samples_per_s": n / run_s, "first_batch_s": first, "setup_s": t0 - t_start}))
+    print(json.dumps({"batches": batches, "samples_per_s": n / run_s, "first_batch_s": first, "setup_s": t0 - t_start}))
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -349,6 +353,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="pusht,aloha")
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--batches", type=int, default=None, help="timed batches after the first (default 30, quick 8)")
+    ap.add_argument("--min-seconds", type=float, default=None,
+                    help="keep timing batches until this many seconds passed (default 10, quick 3)")
     ap.add_argument("--contenders", default="a,b,c,d")
     ap.add_argument("--lerobot-python", default=None)
     ap.add_argument("--json", default=None)
@@ -363,13 +369,14 @@ def main() -> None:
         return
     episodes, frames = (10, 100) if args.quick else (50, 200)
     batches = args.batches or (8 if args.quick else 30)
+    min_seconds = args.min_seconds if args.min_seconds is not None else (3.0 if args.quick else 10.0)
     shapes = [s for s in args.shapes.split(",") if s]
     workers = [int(w) for w in args.workers.split(",") if w]
     which = [c for c in args.contenders.split(",") if c]
     py = lerobot_python(args.lerobot_python)
     t_all = time.perf_counter()
     print(f"bench_lerobot: {'QUICK: ' if args.quick else ''}{episodes} episodes x {frames} frames at {FPS} fps per "
-          f"shape, batch {BATCH}, {batches} timed batches; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"shape, batch {BATCH}, at least {batches} timed batches and {min_seconds:g} s; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f} on {os.cpu_count()} cores", flush=True)
     rows: List[Dict[str, Any]] = []
     problems_all: Dict[str, List[str]] = {}
@@ -387,6 +394,7 @@ def main() -> None:
                 checks: Dict[str, Dict[str, np.ndarray]] = {}
                 for c in which:
                     plan = {"workers": w, "batches": batches, "batch_size": BATCH, "seed": args.seed,
+                            "min_seconds": min_seconds, "max_batches": 400,
                             "check": check_anchors(episodes, frames) if w == workers[0] else [],
                             "obs_offsets": OBS_OFFSETS, "action_offsets": ACTION_OFFSETS,
                             "repo_id": f"bench/{shape}"}
@@ -401,7 +409,8 @@ def main() -> None:
                     res, peak = run_measured(cmd, env=env if c != "a" else lerobot_env)
                     row = {"shape": shape, "workers": w, "contender": c, **res, "peak_rss_mb": peak / 2 ** 20}
                     rows.append(row)
-                    print(f"  {shape:6s} w={w} ({c}) {NAMES[c]:9s} {res['samples_per_s']:9.1f} samples/s  first "
+                    print(f"  {shape:6s} w={w} ({c}) {NAMES[c]:9s} {res['samples_per_s']:9.1f} samples/s "
+                          f"({res['batches']} batches)  first "
                           f"{res['first_batch_s']:6.2f} s  peak RSS {peak / 2 ** 20:7.0f} MiB", flush=True)
                     if plan["check"]:
                         with np.load(of) as z:

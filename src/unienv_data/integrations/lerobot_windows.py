@@ -96,11 +96,11 @@ class LeRobotWindows:
     module docstring). A map-style torch Dataset (`len`, `[i]`, `__getitems__`) without importing torch.
 
     `source`: a `LeRobotAsUniEnvDataset`, a `ReplayBuffer` or any batch with `get_column` and `get_segments`.
-    `windows`: `{key: int step offsets}` (e.g. `{"observation.image": [-1, 0], "action": range(16)}`).
+    `windows`: `{key: int step offsets}` (a sequence or 1-D int array, e.g. `{"observation.image": [-1, 0], "action": range(16)}`).
     `threads`: threads reading the cameras of a batch in parallel (default: one per camera).
     """
 
-    def __init__(self, source: Any, windows: Mapping[str, Sequence[int]], threads: Optional[int] = None) -> None:
+    def __init__(self, source: Any, windows: Mapping[str, Any], threads: Optional[int] = None) -> None:
         if not isinstance(windows, Mapping) or not windows:
             raise ValueError("windows must be a non-empty mapping {key: step offsets}, e.g. {'action': range(16)}")
         space = source.single_space

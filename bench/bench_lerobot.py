@@ -12,7 +12,7 @@ Access (ACT / diffusion-policy training): shuffled batches of 64 samples; every 
 delta_timestamps [-0.1, 0.0] (2 frames per camera), `action` at 16 steps [0, 0.1, ..., 1.5], pad masks at episode
 edges. Every contender runs in its own process with a torch DataLoader (batch 64, shuffle with the same seeded
 generator, drop_last, workers 0 and 2); samples/s is measured after the first batch over at least `--batches`
-batches and `--min-seconds` seconds (default 30 and 10 s, quick 8 and 3 s; the sampler runs epoch after epoch).
+batches and `--min-seconds` seconds (default 30 and 10 s, quick 4 and 2 s; the sampler runs epoch after epoch).
 
 Contenders:
   (a) lerobot     `LeRobotDataset(root, delta_timestamps=...)` + DataLoader, in the lerobot venv
@@ -352,9 +352,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10 episodes x 100 frames, fewer batches")
     ap.add_argument("--shapes", default="pusht,aloha")
     ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--batches", type=int, default=None, help="timed batches after the first (default 30, quick 8)")
+    ap.add_argument("--batches", type=int, default=None, help="timed batches after the first (default 30, quick 4)")
     ap.add_argument("--min-seconds", type=float, default=None,
-                    help="keep timing batches until this many seconds passed (default 10, quick 3)")
+                    help="keep timing batches until this many seconds passed (default 10, quick 2)")
     ap.add_argument("--contenders", default="a,b,c,d")
     ap.add_argument("--lerobot-python", default=None)
     ap.add_argument("--json", default=None)
@@ -368,8 +368,8 @@ def main() -> None:
         contender_main(args._contender, args._path, json.loads(Path(args._plan).read_text()), args._out)
         return
     episodes, frames = (10, 100) if args.quick else (50, 200)
-    batches = args.batches or (8 if args.quick else 30)
-    min_seconds = args.min_seconds if args.min_seconds is not None else (3.0 if args.quick else 10.0)
+    batches = args.batches or (4 if args.quick else 30)
+    min_seconds = args.min_seconds if args.min_seconds is not None else (2.0 if args.quick else 10.0)
     shapes = [s for s in args.shapes.split(",") if s]
     workers = [int(w) for w in args.workers.split(",") if w]
     which = [c for c in args.contenders.split(",") if c]

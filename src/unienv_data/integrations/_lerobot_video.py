@@ -110,6 +110,10 @@ class CameraFrames:
                 f.frames, f.keyframes, f.nbytes = int(present[-1]) + 1, keys, os.path.getsize(path)
                 self._scanned[fid] = True
 
+    def scan_all(self) -> None:
+        """Scans every file of the camera that a row uses (see `_ensure_scanned`)."""
+        self._ensure_scanned(self._index.row_file[self._index.row_file >= 0])
+
     def read(self, rows: np.ndarray, out: np.ndarray) -> None:
         """Writes the frame of row `rows[j]` into `out[j]` (uint8, HWC)."""
         if not rows.size:

@@ -239,6 +239,15 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         view._init_episode_lookup()
         return view
 
+    def scan_videos(self, features: Optional[Sequence[str]] = None) -> None:
+        """Learns every video file's frame numbers and keyframes now (by demuxing, no decoding) instead of on first
+        read; DataLoader worker processes forked afterwards inherit what was learned. `features`: only these
+        cameras (default: every video camera read)."""
+        self._check_open()
+        for k, cam in self._cameras.items():
+            if features is None or k in features:
+                cam.scan_all()
+
     def get_segments(self) -> List[Tuple[int, int]]:
         """Every episode as a half-open `(start, end)` range of rows, in row order."""
         return [(e.dataset_from_index, e.dataset_to_index) for e in self._layout.episodes]

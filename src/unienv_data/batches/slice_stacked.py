@@ -25,6 +25,8 @@ overwrites the ring meanwhile, a window may mix old and new rows.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -81,7 +83,7 @@ def _as_offsets(fixed_offset: Any, backend: Any) -> np.ndarray:
     return arr
 
 
-class SliceStackedBatch(BatchBase[Any, Any, Any, Any, Any]):
+class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Read-only view: sample `i` stacks the frames `i + o` for every `o` in `fixed_offset` on a new axis
     (axis 1 of a batch, axis 0 of one sample); see the module docstring for validity, filling and reads.
 
@@ -320,7 +322,7 @@ class SliceStackedBatch(BatchBase[Any, Any, Any, Any, Any]):
         return fn
 
 
-class FrameStackedBatch(SliceStackedBatch):
+class FrameStackedBatch(SliceStackedBatch[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A `SliceStackedBatch` over the contiguous window `[i - prefetch_horizon, i + postfetch_horizon]`."""
 
     def __init__(self, batch: BatchBase, prefetch_horizon: int = 0, postfetch_horizon: int = 0,

@@ -12,6 +12,8 @@ and every episode stays contiguous. Readers see a row once the commit that wrote
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
@@ -37,7 +39,7 @@ from ._shared_state import LocalState, SharedState, adopt_shared_segments, persi
 _FIELD_MASK = (1 << 64) - 1
 
 
-class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
+class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
     def __init__(self, storage: SpaceStorage, storage_path_relative: str, count: int = 0, offset: int = 0,

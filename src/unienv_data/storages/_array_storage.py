@@ -11,6 +11,8 @@ say which backend they serve and how a NumPy result becomes a backend array.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import uuid
 from functools import partial
@@ -47,7 +49,7 @@ def _check_capacity(capacity: Any) -> Optional[int]:
     return int(capacity)
 
 
-class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
+class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Common implementation of the single-array storages (see the module docstring)."""
 
     single_file_ext: Optional[str] = ".memmap"

@@ -8,6 +8,8 @@ hard links (used by `dumps` into another directory) never see a later change.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import importlib
 import os
 import shutil
@@ -290,7 +292,7 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
     return cap, length
 
 
-class FileRowStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The part `VideoStorage` and `ImageStorage` share: the rows of a uint8 image space kept in files of one
     directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
     opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows

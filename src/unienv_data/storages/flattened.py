@@ -1,6 +1,8 @@
 """`FlattenedStorage`: every structured sample packed into one flat 1-D row of an inner storage."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import warnings
 from functools import partial
@@ -74,7 +76,7 @@ def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[
     return "; ".join(parts) or "the layouts differ"
 
 
-class FlattenedStorage(WrappedStorage):
+class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores every sample flattened into one 1-D BoxSpace row of an inner storage (e.g. PytorchTensorStorage), so
     a read or write of any number of samples is one row operation on a single array.
 

@@ -13,6 +13,8 @@ works; segments are recorded.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import zipfile
 from typing import Any, Dict, Optional
@@ -30,7 +32,7 @@ METADATA_FILE = "npz_metadata.json"
 
 
 @register_storage
-class NPZStorage(ListStorageBase):
+class NPZStorage(ListStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a Box / Binary space, one `<row>.npz` file each (see the module docstring).
 
     `create(space, *, compressed=True, capacity=None, cache_path (a new or empty directory), multiprocessing=False)`;

@@ -28,6 +28,8 @@ process (`multiprocessing=True` only for read-only opens); decoding runs on the 
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
@@ -54,7 +56,7 @@ from ._video_writer import VideoSegmentWriter
 
 
 @register_storage
-class VideoStorage(FileRowStorage):
+class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Frames of a (H, W, 3) or (H, W) uint8 BoxSpace stored as video files (see the module docstring).
 
     `create(space, *, codec="auto", lossless=False, fps=15, gop_size=None, file_ext="mp4", file_pixel_format=None,

@@ -26,6 +26,7 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import PathLike, check_format_version, read_json
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
+from unienv_data.base.ring import ring_rows
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
@@ -250,12 +251,8 @@ def runs_to_mask(runs: Any, n: int, where: str) -> np.ndarray:
     return mask
 
 
-def ring_positions(start: int, length: int, capacity: Optional[int]) -> np.ndarray:
-    """Physical rows of a run of `length` rows from `start` (wrapping a ring of `capacity`)."""
-    pos = np.arange(start, start + length, dtype=np.int64)
-    if capacity is not None:
-        pos %= capacity
-    return pos
+#: Physical rows of a run of `length` rows from `start` (wrapping a ring of `capacity`).
+ring_positions = ring_rows
 
 
 def describe_rows(positions: Iterable[int]) -> str:

@@ -122,7 +122,7 @@ def clip_runs(runs: Iterable[Run], victim: Run, capacity: Optional[int]) -> List
 class TailWrite(NamedTuple):
     """Where `n` rows written at the tail go, and the ring's counters afterwards."""
     start: int          #: physical row of the first written row
-    count: int          #: rows held afterwards
+    held: int           #: rows held afterwards (the new count)
     offset: int         #: physical row of the oldest row afterwards
     outflow: Run        #: the run of old rows pushed out (length 0 when none)
 

@@ -383,7 +383,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if cap is None and count + n > len(st):
             st.extend_length(count + n - len(st))
         placed = tail_write(count, offset, n, cap)
-        self._state.count, self._state.offset = placed.count, placed.offset
+        self._state.count, self._state.offset = placed.held, placed.offset
         self._state.total_written += n
         self._state.version += 1
         return placed.start, n

@@ -33,6 +33,7 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 import os
 from collections.abc import Mapping
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
@@ -105,6 +106,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self._routes = routes
         self._storages: List[SpaceStorage] = children
         self._by_key: Dict[str, SpaceStorage] = {r.key: c for r, c in zip(routes, children)}
+        #: the child storage of every key (or group), as the reference names it; read it, do not replace children
+        self.storage_map: Mapping[str, SpaceStorage] = MappingProxyType(self._by_key)
         paths = dict(storage_paths or {})
         self._paths: Dict[str, str] = {
             r.key: paths.get(r.key) or child_relative_path(r.key, type(c), nested_separator)

@@ -181,11 +181,12 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return self._seg_len if self._seg_start is not None else 0
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        """Recorded segments as inclusive physical `(start, end)` pairs, oldest first (end < start when a
-        segment wraps the ring); None when the storage keeps no segment information."""
+        """Recorded segments as inclusive physical `(start, end)` pairs in position order, as unienv 0.0.1b16
+        lists them (end < start when a segment wraps the ring); None when the storage keeps no segment
+        information."""
         self._check_open()
         log = self._segment_log()
-        return None if log is None else log.inclusive_ranges()
+        return None if log is None else sorted(log.inclusive_ranges())
 
     def _normalize_segment_start(self, start_index: Any) -> int:
         if isinstance(start_index, (bool, np.bool_)) or not isinstance(start_index, (int, np.integer)):

@@ -39,6 +39,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# values outside declared bounds are stored with a BoundsWarning by default; this file's refusal checks run in
+# the refusal mode (the warning as an error), where they are refused like every other bad value
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
+
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as hs  # noqa: E402
 

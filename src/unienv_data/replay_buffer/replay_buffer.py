@@ -519,6 +519,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """Writes a finished episode at the tail (placement is decided now, under the lock) and records it."""
         if getattr(writer, "storage", None) is not self._st():
             raise ValueError("the writer was not opened on this buffer's storage (use buffer.open_segment_writer())")
+        if len(writer) == 0 and writer.state in ("open", "finished"):
+            writer.abort()      # an empty episode places nothing (as in the reference, even while one is open)
+            return
         self._require_no_open_segment("commit a segment")
         self._commit(writer)
 

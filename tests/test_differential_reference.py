@@ -8,8 +8,9 @@ on a ring with `maintain_segment_metadata=True`, and report after every op: rais
 asserts against our named exceptions).
 
 Allowed differences (docs/differences.md): `dumps()` with an open append-built episode works here and raises
-there, so the generator ends the episode before every dumps; growable buffers are not generated (the reference's
-tensor storage cannot grow).
+there, so the generator ends the episode before every dumps; a `set` with more values than its index selects
+raises here and writes nothing there; growable buffers are not generated (the reference's tensor storage cannot
+grow).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ RUN_COUNT = {"sequences": 0}
 
 
 # no shrinking: every example costs two interpreter starts; a failure prints its whole op list instead
-@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+@settings(max_examples=4, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(seqs=st.lists(sequences(), min_size=SEQUENCES_PER_EXAMPLE, max_size=SEQUENCES_PER_EXAMPLE))
 def test_same_steps_as_the_reference(tmp_path: Path, seqs: List[Dict[str, Any]]) -> None:
@@ -116,5 +117,10 @@ def test_same_steps_as_the_reference(tmp_path: Path, seqs: List[Dict[str, Any]])
         for i, (r, h) in enumerate(zip(a, b)):
             r.pop("error", None)
             h.pop("error", None)
+            before = a[i - 1]["rows"] if i else []
+            if seq["ops"][i][0] == "set" and h["raised"] and not r["raised"] and r["rows"] == before:
+                # allowed: more values than the index selects (e.g. a slice past the end) are refused here; the
+                # reference returns without writing them (docs/differences.md)
+                r["raised"] = True
             assert r == h, (f"sequence {s} (capacity {seq['capacity']}) differs at op {i} {seq['ops'][i]}:\n"
                             f"  reference {r}\n  here      {h}\n  ops so far {seq['ops'][:i + 1]}")

@@ -18,6 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# values outside declared bounds are stored with a BoundsWarning by default; this file's refusal checks run in
+# the refusal mode (the warning as an error), where they are refused like every other bad value
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
+
 from unienv_data.base.errors import StorageFormatError, StorageStateError  # noqa: E402
 from unienv_data.replay_buffer import ReplayBuffer  # noqa: E402
 from unienv_data.samplers import StepSampler  # noqa: E402

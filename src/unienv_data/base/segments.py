@@ -38,6 +38,10 @@ class SegmentLog:
         self._runs: List[Tuple[int, int]] = []
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
+        #: the run an open append-built segment is overwriting row by row (clipped at every row): left out of
+        #: what is persisted (`to_json`) until that segment ends, so the files never list a row about to be
+        #: overwritten, and persisting once per run eaten (not once per row) is enough
+        self.eaten: Optional[Tuple[int, int]] = None
         given = [(int(s), int(n)) for s, n in runs]
         if all(n > 0 and (capacity is None or n <= capacity) for _s, n in given) and first_overlap(given, capacity) is None:
             self._runs = given          # the usual case (a stored log): no overlap to resolve, O(n log n)
@@ -62,6 +66,7 @@ class SegmentLog:
         new = (int(start), int(length))
         self._runs = clip_runs(self._runs, new, self.capacity)
         self._runs.append(new)
+        self.eaten = None
         self.version += 1
 
     def drop_overlapping(self, start: int, length: int) -> None:
@@ -82,6 +87,7 @@ class SegmentLog:
             self.version += 1
 
     def clear(self) -> None:
+        self.eaten = None
         if self._runs:
             self._runs = []
             self.version += 1
@@ -92,7 +98,8 @@ class SegmentLog:
         return [(s, inclusive_end(s, n, cap)) for s, n in self._runs]
 
     def to_json(self) -> List[List[int]]:
-        return [[s, n] for s, n in self._runs]
+        """What is persisted: every run but the one an open append-built segment is overwriting."""
+        return [[s, n] for s, n in self._runs if (s, n) != self.eaten]
 
     @classmethod
     def from_json(cls, data: Any, capacity: Optional[int], length: int, where: str) -> "SegmentLog":

@@ -203,3 +203,35 @@ def test_multiprocessing_rules(tmp_path: Path) -> None:
     ro = ReplayBuffer.load_from(tmp_path / "g", backend=TB, is_memmap=True, multiprocessing=True, read_only=True)
     assert len(ro) == 3 and ro.get_segments() == [(0, 3)] and ro.is_multiprocessing_safe
     ro.close()
+
+
+def test_maintained_segments_on_disk_never_list_overwritten_rows(tmp_path: Path) -> None:
+    """With maintain_segment_metadata the list lives in metadata.json, written by dumps(): before the ring
+    overwrites rows of a listed segment, the directory stops listing it (one rewrite per segment), so a crash
+    before the next dumps() never shows a listed episode holding other data; dumps() writes the clipped list."""
+    space = BoxSpace(TB, -1e6, 1e6, torch.float32, shape=(2,))
+    d = tmp_path / "rb"
+    rb = ReplayBuffer.create(PytorchTensorStorage, space, cache_path=d, capacity=6, is_memmap=True,
+                             maintain_segment_metadata=True)
+
+    def on_disk() -> Any:
+        return json.loads((d / "metadata.json").read_text())["physical_segments"]
+
+    k = 0
+    for n in (3, 3):
+        for _ in range(n):
+            rb.append(torch.full((2,), float(k)))
+            k += 1
+        rb.mark_segment_end()
+        rb.dumps(d)
+    assert on_disk() == [[0, 2], [3, 5]]
+    rb.append(torch.full((2,), 99.0))          # row 0 of the first episode is overwritten
+    assert on_disk() == [[3, 5]] and rb.get_segments() == [(0, 2), (2, 5)]
+    crashed = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)   # what a crash now would leave
+    assert crashed.get_segments() == [(3, 6)]   # only the intact episode (under the count and offset of the dumps)
+    crashed.close()
+    rb.append(torch.full((2,), 98.0))
+    rb.mark_segment_end()
+    rb.dumps(d)
+    assert sorted(on_disk()) == [[0, 1], [2, 2], [3, 5]] and rb.get_segments() == [(0, 1), (1, 4), (4, 6)]
+    rb.close()

@@ -34,7 +34,8 @@ from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, dump_transaction)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
-from unienv_data.base.ring import inclusive_end, logical_ranges, ring_index, run_length, tail_row, tail_write
+from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
+                                   tail_write)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
@@ -109,6 +110,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._seg_open = False                            # single process: an append-built segment is open
         self._seg_start = 0
         self._seg_len = 0
+        self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
 
     @staticmethod
     def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
@@ -196,6 +198,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
                  maintain_segment_metadata=maintain, physical_segments=runs)
         rb._owns_storage = True
+        if not read_only:
+            rb._disk_meta = meta        # what the directory lists now: guarded before its rows are overwritten
         adopt_shared_segments(rb, meta, runs, read_only)
         return rb
 
@@ -396,6 +400,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def _forget_rows(self, start: int, n: int) -> None:
         """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
+        self._guard_disk_segments(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
         persist_shared(self)            # before those rows are overwritten
@@ -469,6 +474,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 st.mark_segment_start(tail)
                 self._seg_open, self._seg_start, self._seg_len = True, tail, 0
                 opened = True
+            if cap is not None and self._state.count == cap:
+                self._guard_disk_segments(tail_row(self._state.offset, self._state.count, cap), 1)
             try:
                 st.append(value)
             except BaseException:
@@ -537,6 +544,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             start, _ = self._advance(n)
             try:
                 persist_shared(self, drop=(start, n))   # the segments these rows belong to are gone first
+                self._guard_disk_segments(start, n)
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
@@ -580,7 +588,27 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         return "physical_segments" if self._maintain else "buffer_segments"
 
     def _write_metadata(self, path: PathLike) -> None:
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+        meta = self._metadata()
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), meta)
+        if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
+            self._disk_meta = meta
+
+    def _guard_disk_segments(self, start: int, n: int) -> None:
+        """Before rows `[start, start + n)` are overwritten: when this buffer's own directory lists a maintained
+        segment holding any of them, its metadata.json is rewritten without that segment (same count and offset,
+        atomically), so a crash before the next `dumps()` never leaves a listed segment holding other data. Once
+        left out, a segment is not written again until `dumps()`: one rewrite per segment, not per row."""
+        meta = getattr(self, "_disk_meta", None)
+        if meta is None or not self._maintain or self.multiprocessing or not meta.get("physical_segments"):
+            return
+        cap = meta["capacity"]
+        run = (start, n)
+        kept = [seg for seg in meta["physical_segments"]
+                if not runs_overlap((seg[0], run_length(seg[0], seg[1], cap)), run, cap)]
+        if len(kept) != len(meta["physical_segments"]):
+            meta = dict(meta, physical_segments=kept)
+            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE), meta)  # type: ignore[arg-type]
+            self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
         """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically); an open

@@ -235,3 +235,15 @@ def test_maintained_segments_on_disk_never_list_overwritten_rows(tmp_path: Path)
     rb.dumps(d)
     assert sorted(on_disk()) == [[0, 1], [2, 2], [3, 5]] and rb.get_segments() == [(0, 1), (1, 4), (4, 6)]
     rb.close()
+
+
+def test_refused_append_past_the_capacity_changes_nothing() -> None:
+    rb = ReplayBuffer.create(PytorchTensorStorage, BoxSpace(TB, -1e6, 1e6, torch.float32, shape=(2,)), capacity=3,
+                             is_memmap=False, maintain_segment_metadata=True)
+    for i in range(4):                                  # the open episode already rings
+        rb.append(torch.full((2,), float(i)))
+    with pytest.raises(ValueError):
+        rb.append(torch.zeros(3))                       # wrong shape
+    assert len(rb) == 3 and rb.get_at(slice(None))[:, 0].tolist() == [1.0, 2.0, 3.0]
+    rb.mark_segment_end()
+    assert rb.get_segments() == [(0, 3)]

@@ -462,6 +462,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             return
         with self._state.locked():
             opened = False
+            kept = (self._seg_start, self._seg_len)
             if self._seg_open and cap is not None and self._seg_len >= cap:
                 # the open episode fills the ring: it keeps its newest rows (the row written now replaces its
                 # oldest), and the storage's segment is closed at the capacity and a new one opened at the tail
@@ -482,6 +483,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 if opened:          # a refused first step leaves no empty episode behind
                     st.abort_segment()
                     self._seg_open = False
+                else:               # a refused step past the capacity leaves the open episode as it was
+                    self._seg_start, self._seg_len = kept
                 raise
             pos = tail_row(self._seg_start, self._seg_len, cap)
             if self._own_segments and self._state.count == cap:

@@ -486,7 +486,7 @@ def test_segment_cache_is_not_fooled_by_a_clear_that_restores_the_counters() -> 
         episode(rb, 2, 5)
         episode(rb, 3, 5)
         for _ in range(k):
-            rb.commit_segment(rb.open_segment_writer())   # empty commits
+            rb._state.version += 1    # what an empty commit did before empty commits became no-ops (the reference's)
         return rb, sampler, before, old_sum(rb)
 
     _, _, a1, a2 = scenario(cap, 0, False)

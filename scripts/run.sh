@@ -73,8 +73,8 @@ PYEOF
 STAMP="$VENV/.installed-$stamp_hash"
 
 if [[ ! -f "$STAMP" ]]; then
-    echo "run.sh: installing project into .venv (extras: torch,jax,video,hdf5,parquet,ray,dev)" >&2
-    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,jax,video,hdf5,parquet,ray,dev]"
+    echo "run.sh: installing project into .venv (extras: torch,jax,video,hdf5,parquet,ray,gym,huggingface,minari,lerobot,dev)" >&2
+    "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[torch,jax,video,hdf5,parquet,ray,gym,huggingface,minari,lerobot,dev]"
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 fi

@@ -149,17 +149,19 @@ def test_create_over_an_existing_file_replaces_it(tmp_path: Any, cls: Any, backe
     for i in range(4):
         old.set(i, value(backend, [i + 1.0, i + 2.0, i + 3.0]))
     old.close()
-    fresh = cls.create(space, capacity=4, cache_path=path)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        cls.create(space, capacity=4, cache_path=path)
+    fresh = cls.create(space, capacity=4, cache_path=path, overwrite=True)
     assert np.array_equal(as_numpy(fresh.get(Ellipsis)), np.zeros((4, 3), np.float32))
     assert fresh.get_segments() == []
     fresh.close()
-    bigger = cls.create(space, capacity=6, cache_path=path)
+    bigger = cls.create(space, capacity=6, cache_path=path, overwrite=True)
     assert bigger.capacity == 6
     assert np.array_equal(as_numpy(bigger.get(Ellipsis)), np.zeros((6, 3), np.float32))
     bigger.close()
     with open(path, "wb") as f:  # a foreign raw file without metadata
         f.write(np.full((10, 3), 7.0, np.float32).tobytes())
-    again = cls.create(space, capacity=2, cache_path=path)
+    again = cls.create(space, capacity=2, cache_path=path, overwrite=True)
     assert np.array_equal(as_numpy(again.get(Ellipsis)), np.zeros((2, 3), np.float32))
     again.close()
     reloaded = cls.load_from(path, space)

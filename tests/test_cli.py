@@ -87,7 +87,7 @@ def read_all(path: Path) -> Dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------------------------- help / entry
 def test_help_on_every_command() -> None:
     top = run_cli("--help")
-    for name in ("demo", "info", "verify", "plot", "convert", "export-video"):
+    for name in ("demo", "info", "verify", "plot", "stats", "convert", "export-video"):
         assert name in top.stdout
         sub = run_cli(name, "--help")
         assert sub.stdout.startswith(f"usage: unienv-data {name}"), sub.stdout[:200]
@@ -212,6 +212,32 @@ def test_convert_between_layouts_keeps_values_and_episodes(demo_dir: Path, tmp_p
     assert json.loads((video / "storage" / "dict_storage_metadata.json").read_text())["storage_map"]["obs/camera"][
         "type"].endswith("VideoStorage")
     assert run_cli("verify", video, "-q").returncode == 0
+
+
+def test_convert_to_native_video_keeps_the_source_fps(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    from unienv_data.cli.convert import storage_for_layout
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_interface.backends import NumpyComputeBackend as B
+    from unienv_interface.space import BoxSpace, DictSpace
+    space = DictSpace(B, {"camera": BoxSpace(B, 0, 255, np.uint8, shape=(16, 16, 3)),
+                          "reward": BoxSpace(B, -1.0, 1.0, np.float32, shape=())})
+    cls, kw = storage_for_layout(space, "native-video", lossless=True, fps=30)
+    rb = ReplayBuffer.create(cls, space, cache_path=str(tmp_path / "src"), capacity=None, **kw)
+    for t in range(6):
+        rb.append({"camera": np.full((16, 16, 3), 30 * t, np.uint8), "reward": np.float32(t / 10)})
+    rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+
+    def video_fps(root: Path) -> List[Any]:
+        return [json.loads(m.read_text())["fps"] for m in root.rglob("*.json")
+                if '"codec"' in m.read_text() and '"fps"' in m.read_text()]
+
+    assert video_fps(tmp_path / "src") == [30]
+    res = run_json("convert", tmp_path / "src", tmp_path / "dst", "--layout", "native-video", "--lossless")
+    assert res["fps"] == 30 and video_fps(tmp_path / "dst") == [30]      # not VideoStorage's default 15
+    np.testing.assert_array_equal(read_all(tmp_path / "dst")["camera"], read_all(tmp_path / "src")["camera"])
 
 
 def test_convert_unwraps_a_ring_and_refuses_a_non_empty_destination(tmp_path: Path) -> None:

@@ -82,9 +82,12 @@ def _run_example(name: str, *args: Any) -> subprocess.CompletedProcess:
 
 
 def test_example_record_gym(tmp_path: Path) -> None:
+    from _third_party import require_module
+    require_module("gymnasium", "gym")
     out = tmp_path / "gym"
     proc = _run_example("record_gym.py", "--out", out, "--episodes", 3, "--max-steps", 30)
-    assert "recorded 3 episodes" in proc.stdout
+    assert "recorded 3 episodes" in proc.stdout and "from CartPole-v1" in proc.stdout
+    assert "reopened from disk" in proc.stdout and "in 3 episodes" in proc.stdout
     assert (out / "metadata.json").is_file()
 
 

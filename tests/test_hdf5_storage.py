@@ -148,8 +148,8 @@ def test_batch_reads_restore_order_and_duplicates(tmp_path: Any) -> None:
     n = 5000
     data = {"obs": np.random.default_rng(0).standard_normal((n, 2)).astype(np.float32),
             "done": np.arange(n) % 3 == 0}
-    for kw in ({}, {"use_mmap": False}, {"chunks": (64,)}, {"chunks": (64,), "reduce_io": False}):
-        st = HDF5Storage.create(SPACE, n, cache_path=str(tmp_path / f"r{len(kw)}{kw.get('reduce_io', 1)}.hdf5"), **kw)
+    for i, kw in enumerate(({}, {"use_mmap": False}, {"chunks": (64,)}, {"chunks": (64,), "reduce_io": False})):
+        st = HDF5Storage.create(SPACE, n, cache_path=str(tmp_path / f"r{i}.hdf5"), **kw)
         st.set(slice(0, n), data)
         for idx in (np.array([4999, 3, 3, 17, 0, 4999]), np.array([10, 12, 11, 10]),
                     np.random.default_rng(1).integers(0, n, 300), np.arange(0, n, 7)[::-1], [-1, -n]):

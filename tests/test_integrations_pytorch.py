@@ -226,3 +226,41 @@ def test_prefetcher_over_a_multiprocessing_sampler(buffer: ReplayBuffer) -> None
             for b in itertools.islice(pf, 10):
                 check_rows(b)
     assert not multiprocessing.active_children()
+
+
+# ---------------------------------------------------------------------------------------------------- samplers as datasets
+def test_samplers_serve_every_item_they_can_draw(tmp_path: Any) -> None:
+    from unienv_data.samplers import PrioritizedSampler, SegmentSampler, SliceSampler
+    from unienv_data.batches import FrameStackedBatch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rb = ReplayBuffer.create(FlattenedStorage, space(), inner_storage_cls=PytorchTensorStorage, capacity=64)
+    for L in (5, 2, 9):                                     # three recorded episodes
+        base = len(rb)
+        for i in range(L):
+            one = rows(base + i + 1, 1)
+            rb.append({k: v[0] for k, v in one.items()})
+        rb.mark_segment_end()
+    slices = SliceSampler(rb, batch_size=4, window=3, seed=0)
+    ds = UniEnvAsPyTorchDataset(slices)                      # raised NotImplementedError before
+    starts = slices.all_starts()
+    assert ds.sampler is slices and len(ds) == len(starts) == (5 - 2) + 0 + (9 - 2)
+    want = FrameStackedBatch(rb, 0, 2).get_at(starts)
+    got = ds.__getitems__(list(range(len(ds))))
+    assert torch.equal(got["obs"], want["obs"]) and torch.equal(ds[1]["reward"], want["reward"][1])
+    loader = DataLoader(ds, batch_size=4, shuffle=True, collate_fn=UniEnvAsPyTorchDataset.collate_fn)
+    seen = torch.cat([b["reward"][:, 0] for b in loader])
+    assert sorted(seen.tolist()) == sorted(want["reward"][:, 0].tolist())
+    steps = UniEnvAsPyTorchDataset(StepSampler(rb, batch_size=4))
+    assert len(steps) == len(rb) and torch.equal(steps[3]["obs"], rb.get_at(3)["obs"])
+    assert len(UniEnvAsPyTorchDataset(PrioritizedSampler(rb, batch_size=4))) == len(rb)
+    with pytest.raises(TypeError, match="SliceSampler.*WindowDataset"):
+        UniEnvAsPyTorchDataset(SegmentSampler(rb, batch_size=2))
+    rb.close()
+
+
+def test_tensor_collate_turns_numpy_batches_into_tensors_without_a_copy() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = UniEnvAsPyTorchDataset.tensor_collate_fn({"x": a, "t": (a[:, 0].copy(),)})
+    assert isinstance(out["x"], torch.Tensor) and out["x"].data_ptr() == a.ctypes.data
+    assert isinstance(out["t"][0], torch.Tensor)

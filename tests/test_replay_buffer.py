@@ -127,9 +127,11 @@ class Config:
         return self._reopen(rb, os.path.join(os.fspath(tmp_path), "rb"), read_only)
 
 
-def _torch_memmap_create(d: str, cap: Optional[int], maintain: bool = False) -> ReplayBuffer:
+def _torch_memmap_create(d: str, cap: Optional[int], maintain: bool = False,
+                         overwrite: bool = False) -> ReplayBuffer:
     return ReplayBuffer.create(FlattenedStorage, make_space(TB), inner_storage_cls=PytorchTensorStorage,
-                               cache_path=d, capacity=cap, is_memmap=True, maintain_segment_metadata=maintain)
+                               cache_path=d, capacity=cap, is_memmap=True, maintain_segment_metadata=maintain,
+                               overwrite=overwrite)
 
 
 def _torch_memmap_reopen(rb: ReplayBuffer, d: str, read_only: bool) -> ReplayBuffer:
@@ -633,13 +635,15 @@ def test_rejected_writer_append_changes_nothing(rb6: ReplayBuffer) -> None:
 
 
 def test_create_over_an_existing_buffer_starts_empty(tmp_path: Any) -> None:
-    """§7 defect 5: re-creating over old files must not bring the old rows back."""
+    """§7 defect 5: re-creating over old files must not bring the old rows back (and needs overwrite=True)."""
     d = os.fspath(tmp_path / "again")
     rb = _torch_memmap_create(d, 4)
     rb.extend(batch([1, 2, 3, 4]))
     write_episode(rb, [5])
     rb.close()
-    rb = _torch_memmap_create(d, 4)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        _torch_memmap_create(d, 4)
+    rb = _torch_memmap_create(d, 4, overwrite=True)
     assert (len(rb), rb.offset, rb.get_segments()) == (0, 0, [])
     assert not to_np(rb.storage.get_flattened(slice(None))).any()
     rb.extend(batch([9]))

@@ -237,9 +237,13 @@ class TestBoxConstruction:
         with pytest.raises(ValueError):
             BoxSpace(B, 0, 1, dt(B, "float32"), shape=(-1,))
 
-    def test_backend_must_be_a_backend_class(self) -> None:
+    def test_backend_must_be_a_backend_class_a_name_or_an_array_module(self) -> None:
         with pytest.raises(TypeError):
-            BoxSpace(np, 0, 1, np.float32)  # type: ignore[arg-type]
+            BoxSpace(3, 0, 1, np.float32)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="unknown backend name"):
+            BoxSpace("numpyy", 0, 1, np.float32)
+        assert BoxSpace(np, 0, 1, np.float32).backend is NB
+        assert BoxSpace("numpy", 0, 1, np.float32).backend is NB
 
     @pytest.mark.parametrize("B", BACKENDS)
     def test_bounds_are_immutable(self, B: Any) -> None:

@@ -203,8 +203,10 @@ def test_cache_path_must_be_new_or_empty(tmp_path: Any) -> None:
     d = os.path.join(os.fspath(tmp_path), "v")
     os.makedirs(d)
     open(os.path.join(d, "old.mp4"), "wb").close()
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(FileExistsError, match="already exists.*overwrite=True"):
         VideoStorage.create(RGB, capacity=4, cache_path=d)
+    VideoStorage.create(RGB, capacity=4, cache_path=d, overwrite=True).close()     # the old files go
+    assert "old.mp4" not in os.listdir(d)
 
 
 def test_wrong_frames_are_refused_everywhere_and_nothing_is_written(tmp_path: Any) -> None:

@@ -185,6 +185,13 @@ class BatchSampler(BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType,
     def __len__(self) -> int:
         return len(self.data)
 
+    def dataset_view(self) -> BatchBase:
+        """The batch of every item this sampler can draw, each once, in order (what `UniEnvAsPyTorchDataset(sampler)`
+        serves as a map-style dataset; a DataLoader then does the shuffling). Default: the sampled `data` itself."""
+        if self.data is None:
+            raise TypeError(f"{type(self).__name__} has no data to serve as a dataset")
+        return self.data  # type: ignore[no-any-return]
+
     def sample_index(self) -> Any:
         n = len(self.data)
         if n == 0:

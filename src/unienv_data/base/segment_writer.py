@@ -119,6 +119,7 @@ class BufferedSegmentWriter(SegmentWriter):
             st.forget_segments(start, self._length)   # persisted as gone before the rows are overwritten
             st._set_prepared(self._commit_indices(start), st._stack_prepared(self._items))
         st._record_segment(start, self._length)
+        st._segment_committed()
 
     def _release_rows(self) -> None:
         self._items = []

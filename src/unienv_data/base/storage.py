@@ -1,9 +1,12 @@
 """`SpaceStorage`: the contract every storage keeps (create / load_from / get / set / segments / dumps / close)."""
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -12,7 +15,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
-from .files import PathLike
+from .files import PathLike, creating_dataset
 from .indexing import NormalizedIndex, normalize_index
 from .ring import runs_overlap, subtract_run
 from .segments import SegmentLog
@@ -39,6 +42,12 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
     single_file_ext: Optional[str] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        raw = cls.__dict__.get("create")
+        if isinstance(raw, classmethod) and not getattr(raw.__func__, "_refuses_existing", False):
+            cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
 
     def __init__(self, single_instance_space: Space) -> None:
         if not isinstance(single_instance_space, Space):
@@ -154,8 +163,66 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __enter__(self) -> "SpaceStorage":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        """Ends the block: an append-built segment still open is recorded (a normal exit) or dropped from the
+        segments (the block raised: its rows may be torn), then `close()` commits the metadata and releases files."""
+        try:
+            if not self._closed and self.is_mutable and self.has_open_segment:
+                if exc_type is None:
+                    self.mark_segment_end()
+                else:
+                    self.abort_segment()
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------ durability (commit points)
+    #: whether a commit point (a segment ended or committed) persists what changed at once (see `durable`)
+    _durable: bool = True
+
+    @property
+    def durable(self) -> bool:
+        """True (the default): every `mark_segment_end()` and segment writer `commit` of a disk-backed storage
+        persists the small state that changed (row count, segment list: the metadata files, replaced atomically;
+        the rows are in their files already), so a killed process loses at most the segment in progress. False
+        (bulk loads): only `flush()`, `dumps()` and `close()` persist. Setting it sets every child storage too."""
+        return self._durable
+
+    @durable.setter
+    def durable(self, value: bool) -> None:
+        self._durable = bool(value)
+        for child in self._child_storages():
+            child.durable = value
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator["SpaceStorage"]:
+        """`with storage.bulk():` turns per-segment durability off for the block (a bulk load of many segments),
+        then restores it and persists everything once (`flush()`), even when the block raises."""
+        before = self._durable
+        self.durable = False
+        try:
+            yield self
+        finally:
+            self.durable = before
+            if not self._closed:
+                self._persist_committed()
+
+    def _child_storages(self) -> List["SpaceStorage"]:
+        """The storages this one writes through (composite storages); a durability setting reaches them too."""
+        return []
+
+    def _segment_committed(self) -> None:
+        """A commit point: a segment was just recorded (`mark_segment_end`, a writer's `commit`). Durable storages
+        persist it now (`_persist_committed`)."""
+        if self._durable:
+            self._persist_committed()
+
+    def _persist_committed(self) -> None:
+        """Persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+        writable: leaf storages write their own small metadata; composite storages forward segment ends to their
+        children, which persist themselves)."""
+        flush = getattr(self, "flush", None)
+        if flush is not None and not self._closed and self.is_mutable:
+            flush()
 
     # ------------------------------------------------------------------ guards
     def _check_open(self) -> None:
@@ -282,6 +349,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         start, n = self._seg_start, self._seg_len
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         self._record_segment(start, n)
+        self._segment_committed()
 
     def abort_segment(self) -> None:
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""
@@ -441,6 +509,21 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             buffered, prepare = writer, self._prepare_single
             return writer, lambda value: partial(buffered.append_prepared, prepare(value))
         return writer, partial(_stage_raw_append, self, writer)
+
+
+def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
+    """`create` taking one more keyword, `overwrite=False`: a `cache_path` that already holds data is refused
+    (FileExistsError naming it and what to do) unless `overwrite=True`. Storages a composite storage or a replay
+    buffer creates inside its own (checked) directory are not checked again. Applied to every storage class's
+    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently."""
+    @functools.wraps(create)
+    def checked(cls: Any, *args: Any, overwrite: bool = False, **kwargs: Any) -> Any:
+        path = kwargs.get("cache_path")
+        opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
+        with creating_dataset(path, overwrite, cls.__name__, opener):
+            return create(cls, *args, **kwargs)
+    checked._refuses_existing = True  # type: ignore[attr-defined]
+    return checked
 
 
 def _checks_in_prepare(storage: SpaceStorage) -> bool:

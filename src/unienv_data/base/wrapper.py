@@ -140,6 +140,12 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _has_persistent_segments(self) -> bool:
         return self.inner_storage._has_persistent_segments()
 
+    def _child_storages(self) -> List[SpaceStorage]:
+        return [self.inner_storage]
+
+    def _persist_committed(self) -> None:
+        self.inner_storage._persist_committed()   # this storage's own metadata does not change with segments
+
 
 class ValueMappingStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A wrapper whose every write maps the value (`_to_inner`) and the index (`_index_to_inner`, identity by

@@ -133,4 +133,50 @@ def sub_data(data: Any, path: Tuple[NestedKey, ...]) -> Any:
 
 
 __all__ = ["map_leaves", "zip_leaves", "take_rows", "take_row", "add_lead_axis", "reshape_lead", "gather_2d",
-           "select_column", "concat_leaves", "normalize_nested_keys", "sub_space", "sub_data"]
+           "select_column", "concat_leaves", "normalize_nested_keys", "sub_space", "sub_data", "collate_to_torch"]
+
+
+#: Batches with more array bytes than this, returned by a DataLoader worker through a pipe, get a warning.
+WORKER_TRANSFER_WARN_BYTES = 1 << 20
+_warned_transfer = False
+
+
+def warn_slow_worker_transfer(data: Any, what: str) -> None:
+    """Warns once per process when a DataLoader worker is about to send a batch of more than
+    `WORKER_TRANSFER_WARN_BYTES` array bytes through torch's per-batch transfer (`what` names how it travels)."""
+    global _warned_transfer
+    if _warned_transfer:
+        return
+    from torch.utils.data import get_worker_info
+    if get_worker_info() is None:
+        return
+    total = [0]
+
+    def add(leaf: Any) -> Any:
+        total[0] += int(getattr(leaf, "nbytes", 0) or 0)
+        return leaf
+    map_leaves(data, add)
+    if total[0] > WORKER_TRANSFER_WARN_BYTES:
+        import warnings
+        _warned_transfer = True
+        warnings.warn(f"a DataLoader worker returns batches of {total[0] / 2 ** 20:.1f} MiB {what}; that transfer "
+                      "costs more than reading the batch (memory-mapped data can be many times slower with workers "
+                      "than without). Use unienv_data.integrations.torch_loader.shared_memory_dataloader(dataset, "
+                      "batch_size, num_workers=N), whose workers hand batches over in shared memory, or "
+                      "num_workers=0", RuntimeWarning, stacklevel=3)
+
+
+def collate_to_torch(data: Any) -> Any:
+    """A DataLoader collate function: an already batched result (dicts / tuples of arrays) with its NumPy leaves
+    as torch tensors sharing their memory (`torch.from_numpy`), so workers hand batches over in shared memory;
+    a plain list of single samples is stacked with torch's `default_collate` first. Imports torch."""
+    import torch
+    from torch.utils.data import default_collate
+    if type(data) is list:
+        return default_collate(data)
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, np.ndarray) and leaf.dtype != object:
+            return torch.from_numpy(leaf if leaf.flags.writeable else leaf.copy())
+        return leaf
+    return map_leaves(data, one)

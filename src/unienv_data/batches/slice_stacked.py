@@ -20,24 +20,27 @@ read (worth it for storages that decode per row, e.g. video); the default `None`
 known to overlap heavily (a slice index with a step smaller than the window span, or more frames asked for than
 the batch holds).
 
+Chosen keys (`keys=[...]`): only those fields (keys or `"a/b"` paths, see `_columns.py`) are stacked; every other
+field holds the anchor frame alone, with its shape unchanged. The read is still one batched read of all frames.
+
 Consistency: a call reads `len(batch)`, the segments and the rows one after the other; if another process
 overwrites the ring meanwhile, a window may mix old and new rows.
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.space import Space
-from unienv_interface.space.spaces import BinarySpace, DictSpace
+from unienv_interface.space.spaces import BinarySpace, DictSpace, TupleSpace
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
 from . import _tree
+from ._columns import KeyPath, resolve_key
 from ._segments import SegmentCache, SegmentIndex, check_unrecorded
 
 MASK_KEY = "slice_valid_mask"
@@ -83,6 +86,30 @@ def _as_offsets(fixed_offset: Any, backend: Any) -> np.ndarray:
     return arr
 
 
+def _stack_space(space: Space, paths: List[KeyPath], T: int, prefix: KeyPath = ()) -> Space:
+    """`space` with the fields at `paths` batched over `T` frames and every other field unchanged."""
+    if prefix in paths:
+        return batch_utils.batch_space(space, T)
+    if isinstance(space, DictSpace) and any(p[:len(prefix)] == prefix for p in paths):
+        return DictSpace(space.backend, {k: _stack_space(s, paths, T, prefix + (k,)) for k, s in space.spaces.items()},
+                         device=space.device)
+    if isinstance(space, TupleSpace) and any(p[:len(prefix)] == prefix for p in paths):
+        return TupleSpace(space.backend, [_stack_space(s, paths, T, prefix + (i,)) for i, s in enumerate(space.spaces)],
+                          device=space.device)
+    return space
+
+
+def _keep_stacked(data: Any, paths: List[KeyPath], z: int, prefix: KeyPath = ()) -> Any:
+    """`data` (every leaf `(B, T, ...)`) with the fields outside `paths` reduced to the anchor column `z`."""
+    if prefix in paths:
+        return data
+    if not any(p[:len(prefix)] == prefix for p in paths):
+        return _tree.select_column(data, z)
+    if isinstance(data, dict):
+        return {k: _keep_stacked(v, paths, z, prefix + (k,)) for k, v in data.items()}
+    return tuple(_keep_stacked(v, paths, z, prefix + (i,)) for i, v in enumerate(data))
+
+
 class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Read-only view: sample `i` stacks the frames `i + o` for every `o` in `fixed_offset` on a new axis
     (axis 1 of a batch, axis 0 of one sample); see the module docstring for validity, filling and reads.
@@ -91,6 +118,7 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
     `fn(view, expanded_idx, data, metadata) -> (B, T) bool`. `stack_metadata`: stack the underlying metadata over
     the window too (default: the anchor frame's metadata only). `unrecorded`: "run" or "single", how frames outside
     every recorded segment are grouped. `deduplicate`: read each distinct frame once (None: automatic).
+    `keys`: stack only these fields (the others hold the anchor frame); None stacks every field.
 
     The view never closes the batch it wraps.
     """
@@ -99,10 +127,16 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def __init__(self, batch: BatchBase, fixed_offset: Any, get_valid_mask_function: Optional[ValidMaskFunction] = None,
                  fill_invalid_data: bool = True, stack_metadata: bool = False, *, unrecorded: str = "run",
-                 deduplicate: Optional[bool] = None) -> None:
+                 deduplicate: Optional[bool] = None, keys: Optional[Sequence[Any]] = None) -> None:
         if not isinstance(batch, BatchBase):
             raise TypeError(f"batch must be a BatchBase, got {type(batch).__name__}")
         offsets = _as_offsets(fixed_offset, batch.backend)
+        if keys is not None:
+            if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence) or not keys:
+                raise TypeError(f"keys must be a non-empty list of keys to stack (e.g. ['image']), got {keys!r}")
+            self.stacked_paths: Optional[List[KeyPath]] = [resolve_key(batch.single_space, k) for k in keys]
+        else:
+            self.stacked_paths = None
         T = int(offsets.shape[0])
         base_meta = batch.single_metadata_space
         if base_meta is not None and not isinstance(base_meta, DictSpace):
@@ -115,8 +149,9 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
             for k, s in base_meta.spaces.items():
                 meta_fields[k] = batch_utils.batch_space(s, T) if stack_metadata else s
         meta_fields[MASK_KEY] = BinarySpace(batch.backend, (T,), device=batch.device)
-        super().__init__(batch_utils.batch_space(batch.single_space, T),
-                         DictSpace(batch.backend, meta_fields, device=batch.device))
+        stacked = (batch_utils.batch_space(batch.single_space, T) if self.stacked_paths is None
+                   else _stack_space(batch.single_space, self.stacked_paths, T))
+        super().__init__(stacked, DictSpace(batch.backend, meta_fields, device=batch.device))
         self.batch = batch
         self.fixed_offset = batch.backend.from_numpy(offsets, dtype=batch.backend.default_index_dtype,
                                                      device=batch.device)
@@ -250,6 +285,8 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 data = _tree.gather_2d(data, rows, cols, self.backend)
                 if meta is not None and self.stack_metadata:
                     meta = _tree.gather_2d(meta, rows, cols, self.backend)
+        if self.stacked_paths is not None:
+            data = _keep_stacked(data, self.stacked_paths, z)
         out_meta: Dict[str, Any] = {}
         if meta is not None:
             if not self.stack_metadata:
@@ -323,11 +360,13 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
 
 class FrameStackedBatch(SliceStackedBatch[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
-    """A `SliceStackedBatch` over the contiguous window `[i - prefetch_horizon, i + postfetch_horizon]`."""
+    """A `SliceStackedBatch` over the contiguous window `[i - prefetch_horizon, i + postfetch_horizon]`;
+    `keys=[...]` stacks only those fields (e.g. the camera), the others hold the anchor frame."""
 
     def __init__(self, batch: BatchBase, prefetch_horizon: int = 0, postfetch_horizon: int = 0,
                  get_valid_mask_function: Optional[ValidMaskFunction] = None, fill_invalid_data: bool = True,
-                 stack_metadata: bool = False, *, unrecorded: str = "run", deduplicate: Optional[bool] = None) -> None:
+                 stack_metadata: bool = False, *, unrecorded: str = "run", deduplicate: Optional[bool] = None,
+                 keys: Optional[Sequence[Any]] = None) -> None:
         for name, v in (("prefetch_horizon", prefetch_horizon), ("postfetch_horizon", postfetch_horizon)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -335,7 +374,7 @@ class FrameStackedBatch(SliceStackedBatch[BatchT, BArrayType, BDeviceType, BDtyp
         self.postfetch_horizon = int(postfetch_horizon)
         super().__init__(batch, np.arange(-self.prefetch_horizon, self.postfetch_horizon + 1, dtype=np.int64),
                          get_valid_mask_function, fill_invalid_data, stack_metadata, unrecorded=unrecorded,
-                         deduplicate=deduplicate)
+                         deduplicate=deduplicate, keys=keys)
 
 
 __all__ = ["SliceStackedBatch", "FrameStackedBatch", "MASK_KEY", "fill_positions", "ValidMaskFunction"]

@@ -5,8 +5,11 @@ Commands (each has `--help`):
 * `demo --out DIR`: record synthetic robot episodes with the native layout, reopen, sample, summarise, preview;
 * `info PATH`: space tree, storage per key, capacity, length, segments, bytes per key, format versions;
 * `verify PATH`: metadata, file sizes, every row readable, checksums where present (exit 1 on damage);
-* `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames;
-* `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept;
+* `plot PATH`: PNG charts of episode lengths and value ranges, and a contact sheet of camera frames
+  (`info`, `verify` and `plot` also read a LeRobot or Minari dataset folder);
+* `stats PATH`: per-key mean, std, min, max and quantiles, written beside the dataset as `stats.json`;
+* `convert SRC DST --layout {flattened,native,native-video}`: rewrite a dataset, streaming, segments kept (also
+  `--from {hf,lerobot,minari}` and `--to {lerobot,minari}`);
 * `export-video PATH KEY OUT.mp4`: one camera key as a video file.
 
 Exit codes: 0 success; 1 failure or damage found (the message names the file); 2 bad command line.
@@ -21,7 +24,7 @@ from typing import List, Optional
 
 from ._common import CLIError
 
-COMMANDS = ("demo", "info", "verify", "plot", "convert", "export_video")
+COMMANDS = ("demo", "info", "verify", "plot", "stats", "convert", "export_video")
 
 
 def build_parser() -> argparse.ArgumentParser:

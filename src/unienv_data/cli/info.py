@@ -3,7 +3,9 @@
 Prints the kind (ReplayBuffer directory or storage), length and capacity, the episodes (segments), the space
 tree, every storage with the keys it holds, its capacity, length, segments, bytes and how it stores them, the bytes
 per key on disk next to the raw bytes of the same samples in their own dtype, and the format version of every
-metadata file. Problems found in the metadata are listed (run `verify` for a full check).
+metadata file. Problems found in the metadata are listed (run `verify` for a full check). Another tool's dataset
+(a LeRobot or Minari folder) is opened with its reader and summarised the same way, with what that format records
+besides (a LeRobot dataset's fps, tasks and video codecs).
 """
 from __future__ import annotations
 
@@ -26,13 +28,24 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from unienv_data.inspect import describe
-    d = describe(args.path)
+    from ._foreign import describe_foreign, detect
+    fmt = detect(args.path)   # another tool's dataset (a LeRobot or Minari folder)
+    d = describe_foreign(fmt, args.path) if fmt else describe(args.path)
     if args.json:
         print_json(d)
         return 0
     for line in render(d, all_episodes=args.episodes):
         print(line)
     return 0
+
+
+def raw_ratio(on_disk: int, raw: int) -> str:
+    """On-disk bytes against the raw bytes, readable at any size: "1.02x raw" at 10% of raw and above, else a
+    percentage with two significant digits ("0.49% of raw" for a well-compressed video key, never "0.00x raw")."""
+    ratio = on_disk / raw
+    if ratio >= 0.1:
+        return f"{ratio:.2f}x raw"
+    return f"{100 * ratio:.2g}% of raw"
 
 
 def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
@@ -54,6 +67,8 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
         lines.append("    " + ", ".join("..." if e is None else f"[{e[0]}, {e[1]})" for e in eps))
     else:
         lines.append("  episodes: none recorded")
+    for k, v in (d.get("details") or {}).items():   # what another tool's dataset records besides (LeRobot tasks, ...)
+        lines.append(f"  {k.replace('_', ' ')}: {_short(v)}")
     if d["space_tree"]:
         lines.append("space:")
         lines.extend("  " + s for s in _aligned_tree(d["space_tree"]))
@@ -74,7 +89,7 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
     rows = []
     for k, n in sorted(d["bytes_per_key"].items(), key=lambda kv: -kv[1]):
         r = raw.get(k)
-        ratio = f"{n / r:.2f}x raw" if r else ""
+        ratio = raw_ratio(n, r) if r else ""
         rows.append([k, human_bytes(n), f"{100 * n / total:5.1f}%", human_bytes(r) if r is not None else "", ratio])
     lines.extend(table(rows))
     lines.append(f"  total {human_bytes(d['total_bytes'])} on disk")
@@ -85,6 +100,12 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
         lines.append(f"problems ({len(d['problems'])}; run 'unienv-data verify' for a full check):")
         lines.extend(f"  {p}" for p in d["problems"])
     return lines
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    """`value` on one line: a mapping as `key: value; ...`, cut at `limit` characters."""
+    text = "; ".join(f"{k}: {v!r}" for k, v in value.items()) if isinstance(value, dict) else repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
 def _aligned_tree(tree: List[str]) -> List[str]:

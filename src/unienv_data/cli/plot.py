@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         os.path.join(path, "plots") if os.path.isdir(path) else path + "-plots")
     os.makedirs(out, exist_ok=True)
     written: List[str] = []
-    with open_dataset(path, backend=args.backend) as ds:
+    from ._foreign import detect, open_foreign
+    fmt = detect(path)   # another tool's dataset (a LeRobot or Minari folder)
+    with (open_foreign(fmt, path, args.backend) if fmt else open_dataset(path, backend=args.backend)) as ds:
         episodes = ds.episodes()
         images = ds.image_keys()
         lowdim = [k for k, sp in ds.leaf_spaces.items() if k not in images and _is_numeric(sp)]
@@ -114,12 +116,14 @@ def read_series(ds: Any, keys: List[str], max_points: int, progress: bool) -> Tu
 
 
 def _end_flags(ds: Any, episodes: List[Tuple[int, int]]) -> Optional[Dict[str, np.ndarray]]:
-    flags = [k for k in ("terminated", "truncated") if k in ds.leaf_spaces]
+    names = {"terminated": "terminated", "truncated": "truncated", "terminations": "terminated",
+             "truncations": "truncated"}   # this library's keys, and Minari's
+    flags = [k for k in names if k in ds.leaf_spaces]
     if not flags or not episodes:
         return None
     last = np.asarray([e - 1 for _, e in episodes], dtype=np.int64)
     got = ds.read_numpy(last, flags)
-    return {k: np.asarray(np.asarray(v).reshape(len(episodes), -1).any(axis=1)) for k, v in got.items()}
+    return {names[k]: np.asarray(np.asarray(v).reshape(len(episodes), -1).any(axis=1)) for k, v in got.items()}
 
 
 def plot_episode_lengths(plt: Any, ds: Any, episodes: List[Tuple[int, int]], target: str, name: str) -> str:

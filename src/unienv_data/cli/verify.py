@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._common import Progress, add_backend_flag, add_output_flags, human_bytes, print_json
+from ._common import CLIError, Progress, add_backend_flag, add_output_flags, human_bytes, print_json
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +40,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
+    from ._foreign import detect, verify_foreign
+    fmt = detect(args.path)   # another tool's dataset (a LeRobot or Minari folder)
+    if fmt and args.write_checksums:
+        raise CLIError(f"--write-checksums writes this library's checksum file; {args.path} is a {fmt} dataset")
+    report = (verify_foreign(fmt, args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
+              if fmt else verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet))
     if report["ok"] and args.write_checksums:
         report["checksums_written"] = write_checksums(report["root_dir"], report["files"])
     if args.json:
@@ -249,6 +254,7 @@ def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, pr
             problems.append(f"{_leaf_owner(root, k) or path}: key {k!r} holds values outside its space bounds "
                             f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {rows[:5]}")
         checked["rows_read"] = rows_read
+        checked["keys_out_of_bounds"] = sorted(out_of_bounds)
         checked["storages_read"] = len(columns)
         checked["read_seconds"] = time.perf_counter() - t0
     return problems, warnings, checked
@@ -295,8 +301,11 @@ def render(r: Dict[str, Any]) -> List[str]:
     if c.get("opened"):
         lines.append(f"  opened read-only: {c['length']} steps, {c['episodes']} episodes")
     if "rows_read" in c:
+        outside = c.get("keys_out_of_bounds") or []
+        bounds = (f"{len(outside)} key(s) hold values outside their space bounds (see below)" if outside else
+                  "recorded values inside their space bounds")
         lines.append(f"  rows: {c['rows_read']} rows of {c['storages_read']} storages read in "
-                     f"{c['read_seconds']:.2f} s; recorded values inside their space bounds")
+                     f"{c['read_seconds']:.2f} s; {bounds}")
     if "checksums" in c:
         lines.append(f"  checksums: {c['checksums']} files checked" if c["checksums"] else
                      "  checksums: none recorded (write them with --write-checksums)")

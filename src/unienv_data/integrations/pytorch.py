@@ -17,6 +17,12 @@ shared-memory name, so every worker maps the same rows instead of copying them (
 though, is private to each process unless the buffer was created with ``multiprocessing=True``: to keep
 appending to a buffer that persistent workers read, create it with ``multiprocessing=True``, or the DataLoader's
 sampler (in the parent) may draw indices the workers' copies do not have yet.
+
+A worker hands its batch back through a pipe: NumPy arrays are pickled byte by byte, torch tensors are moved into
+a fresh shared-memory segment each. For camera batches of several MB either costs more than the read itself;
+``shared_memory_dataloader`` (from `unienv_data.integrations.torch_loader`, re-exported here) has the workers fill
+preallocated shared-memory slots that become the parent's tensors without a copy. Otherwise pass
+``collate_fn=UniEnvAsPyTorchDataset.tensor_collate_fn`` so at least NumPy batches travel as tensors.
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchSampler
+from unienv_data.batches._tree import collate_to_torch, warn_slow_worker_transfer
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.backends.pytorch import PyTorchComputeBackend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -49,13 +56,24 @@ class UniEnvAsPyTorchDataset(Dataset):  # type: ignore[type-arg]
       ``default_collate``.
     * ``include_metadata=True``: items are ``(data, metadata)`` pairs from ``get_at_with_metadata`` (metadata may
       be None).
+    * A sampler (``StepSampler``, ``SliceSampler``, ``PrioritizedSampler``, ``MultiprocessingSampler``) serves
+      every item it can draw, once, in order (``sampler.dataset_view()``): the steps of its data, or for a
+      ``SliceSampler`` every window (``all_starts()`` order; the DataLoader shuffles). ``SegmentSampler`` is
+      refused (episodes differ in length). The sampler is kept as ``.sampler``.
 
-    Results are whatever the batch returns (torch tensors for a torch-backed buffer).
+    Results are whatever the batch returns (torch tensors for a torch-backed buffer). With DataLoader workers and
+    NumPy data, pass ``collate_fn=UniEnvAsPyTorchDataset.tensor_collate_fn``: batches become torch tensors (no copy)
+    in the worker and travel in shared memory; NumPy arrays would be pickled through a pipe, which for camera
+    batches is many times slower than no workers at all.
     """
 
     def __init__(self, batch: BatchBase, include_metadata: bool = False) -> None:
         if not isinstance(batch, BatchBase):
             raise TypeError(f"batch must be a BatchBase (e.g. a ReplayBuffer), got {type(batch).__name__}")
+        self.sampler: Optional[BatchSampler] = None
+        if isinstance(batch, BatchSampler):
+            self.sampler = batch
+            batch = batch.dataset_view()
         self.batch = batch
         self.include_metadata = bool(include_metadata)
 
@@ -86,10 +104,22 @@ class UniEnvAsPyTorchDataset(Dataset):  # type: ignore[type-arg]
 
     @staticmethod
     def collate_fn(data: Any) -> Any:
-        """Identity for results of `__getitems__` (already batched); a list of single samples is stacked."""
+        """Identity for results of `__getitems__` (already batched); a list of single samples is stacked. In a
+        DataLoader worker, a batch over 1 MiB warns once (it is pickled or copied through the worker's pipe)."""
         if type(data) is list:
-            return default_collate(data)
+            data = default_collate(data)
+        warn_slow_worker_transfer(data, "through the worker's pipe (NumPy arrays are pickled, tensors copied into "
+                                        "a new shared-memory segment each)")
         return data
+
+    @staticmethod
+    def tensor_collate_fn(data: Any) -> Any:
+        """Like `collate_fn`, with NumPy arrays turned into torch tensors sharing their memory: in DataLoader
+        workers, batches then travel through shared memory instead of being pickled."""
+        out = collate_to_torch(data)
+        warn_slow_worker_transfer(out, "as torch tensors (one new shared-memory segment and file descriptor per "
+                                       "tensor)")
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------- torch -> unienv
@@ -346,4 +376,6 @@ class PinnedPrefetcher:
         self.close()
 
 
-__all__ = ["UniEnvAsPyTorchDataset", "PyTorchAsUniEnvDataset", "PinnedPrefetcher"]
+from .torch_loader import shared_memory_dataloader  # noqa: E402  (re-exported: the DataLoader for workers)
+
+__all__ = ["UniEnvAsPyTorchDataset", "PyTorchAsUniEnvDataset", "PinnedPrefetcher", "shared_memory_dataloader"]

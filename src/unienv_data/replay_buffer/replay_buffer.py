@@ -22,16 +22,16 @@ and every episode stays contiguous. Readers see a row once the commit that wrote
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+import contextlib
 import os
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, dump_transaction)
+from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, creating_dataset,
+                                    dump_transaction)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -39,11 +39,13 @@ from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, ru
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
 from ._batch_writes import _batch_length, _check_only, _checked_write, _persists_segments, _slice_leaves
 from ._column_view import ColumnView
+from ._load_as import describe_buffer, load_storage_as, stored_space_difference
 from ._metadata import METADATA_FILE, read_metadata
 from ._shared_state import LocalState, SharedState, adopt_shared_segments, persist_shared
 
@@ -111,6 +113,12 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._seg_start = 0
         self._seg_len = 0
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
+        self._durable = True
+        self._space_json: Optional[Dict[str, Any]] = None
+        #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
+        self._stored_storage: Optional[SpaceStorage] = None
+        if self.multiprocessing:
+            storage.durable = False     # commits persist the shared metadata instead (see `persist_shared`)
 
     @staticmethod
     def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
@@ -124,17 +132,27 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     @classmethod
     def create(cls, storage_cls: Type[SpaceStorage], single_instance_space: Space, *args: Any,
                cache_path: Optional[PathLike] = None, capacity: Optional[int] = None, multiprocessing: bool = False,
-               maintain_segment_metadata: bool = False, **kwargs: Any) -> "ReplayBuffer":
+               maintain_segment_metadata: bool = False, overwrite: bool = False, **kwargs: Any) -> "ReplayBuffer":
         """A new buffer: `storage_cls.create(space, *args, cache_path=<cache_path>/storage<ext>, capacity=...,
-        multiprocessing=..., **kwargs)`; with `cache_path` the directory is created and metadata written at once."""
+        multiprocessing=..., **kwargs)`; with `cache_path` the directory is created and metadata written at once.
+
+        A `cache_path` that already holds files is refused (FileExistsError) unless `overwrite=True`: open an
+        existing dataset with `load_from`. Use the result in a `with` block to close (and commit) it at the end."""
         if not (isinstance(storage_cls, type) and issubclass(storage_cls, SpaceStorage)):
             raise TypeError(f"storage_cls must be a SpaceStorage class, got {storage_cls!r}")
         rel = "storage" + (storage_cls.single_file_ext or "")
-        if cache_path is not None:
-            os.makedirs(cache_path, exist_ok=True)
-        storage = storage_cls.create(single_instance_space, *args,
-                                     cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
-                                     capacity=capacity, multiprocessing=multiprocessing, **kwargs)
+        with creating_dataset(cache_path, overwrite, "ReplayBuffer",
+                              f"ReplayBuffer.load_from({os.fspath(cache_path)!r}, backend=...)" if cache_path else ""):
+            if cache_path is not None:
+                os.makedirs(cache_path, exist_ok=True)
+                try:                    # old metadata must never describe the new storage's files
+                    os.unlink(os.path.join(os.fspath(cache_path), METADATA_FILE))
+                except FileNotFoundError:
+                    pass
+            storage = storage_cls.create(
+                single_instance_space, *args,
+                cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
+                capacity=capacity, multiprocessing=multiprocessing, **kwargs)
         rb = cls(storage, rel, 0, 0, cache_path, multiprocessing, maintain_segment_metadata=maintain_segment_metadata)
         rb._owns_storage = True
         if cache_path is not None:
@@ -147,10 +165,14 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def load_from(cls, path: PathLike, *, backend: Any, device: Any = None, read_only: bool = True,
                   multiprocessing: bool = False, single_instance_space: Optional[Space] = None,
                   **storage_kwargs: Any) -> "ReplayBuffer":
-        """Opens a buffer written by `dumps` (this library's or the reference's), rebuilding the space on `backend`.
+        """Opens a buffer written by `dumps` (this library's or the reference's), served on `backend` / `device`.
 
-        A given `single_instance_space` must equal the stored one. The stored metadata is validated (count,
-        offset, capacity, segments) and the storage class comes from the registry, never from an import.
+        `backend`: a ComputeBackend class, a name ("numpy", "torch", "jax") or the array module. Any backend and
+        device serves any dataset: data recorded on another backend (or kept on the CPU) is converted on every read
+        and write (`ToBackendOrDeviceStorage`, without a copy where DLPack allows). A given
+        `single_instance_space` must equal the stored one (a ValueError names the first key that differs). The
+        stored metadata is validated (count, offset, capacity, segments) and the storage class comes from the
+        registry, never from an import.
         """
         meta = cls._read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
@@ -160,16 +182,16 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
         if single_instance_space is not None:
             if single_instance_space != space:
-                raise ValueError(f"the given space does not match the stored one:\n  given:  {single_instance_space!r}\n"
-                                 f"  stored: {space!r}")
+                raise ValueError(stored_space_difference(meta["single_instance_space"], single_instance_space,
+                                                         os.fspath(path), meta_path))
             space = single_instance_space
         storage_cls = resolve_storage_class(meta["storage_cls"], meta_path)
         rel = meta["storage_path_relative"]
         full = confined_path(path, rel, meta_path)
         cap = meta["capacity"]
         try:
-            storage = storage_cls.load_from(full, space, capacity=cap, read_only=read_only,
-                                            multiprocessing=multiprocessing, **storage_kwargs)
+            storage, stored = load_storage_as(storage_cls, full, space, meta["single_instance_space"], capacity=cap,
+                                              read_only=read_only, multiprocessing=multiprocessing, **storage_kwargs)
         except NotImplementedError as exc:      # e.g. a stored space the storage cannot hold
             raise StorageFormatError(f"{meta_path}: the stored space cannot be opened with "
                                      f"{storage_cls.__name__}: {exc}") from None
@@ -198,6 +220,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
                  maintain_segment_metadata=maintain, physical_segments=runs)
         rb._owns_storage = True
+        if stored is not storage:
+            rb._stored_storage = stored
         if not read_only:
             rb._disk_meta = meta        # what the directory lists now: guarded before its rows are overwritten
         adopt_shared_segments(rb, meta, runs, read_only)
@@ -506,6 +530,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             st.mark_segment_end()
             self._add_own_segment(self._seg_start, self._seg_len)
             self._seg_open = False
+        self._commit_point()
 
     def abort_segment(self) -> None:
         """Forgets the current episode (single process: its rows stay in the buffer but belong to no segment)."""
@@ -555,6 +580,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 raise
             self._drop_own_segments(start, n)
             self._add_own_segment(start, n)
+        self._commit_point()
 
     # ------------------------------------------------------------------ lifecycle
     def clear(self) -> None:
@@ -576,10 +602,14 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             count, offset = self._state.count, self._state.offset
             runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
         segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
+        if self._space_json is None:
+            self._space_json = space_to_json(self.single_space if self._stored_storage is None
+                                             else self._stored_storage.single_instance_space)
+        stored = st if self._stored_storage is None else self._stored_storage
         meta = {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
-                "capacity": cap, "storage_cls": storage_type_name(type(st)),
+                "capacity": cap, "storage_cls": storage_type_name(type(stored)),
                 "storage_path_relative": self.storage_path_relative,
-                "single_instance_space": space_to_json(self.single_space),
+                "single_instance_space": self._space_json,
                 "physical_segments": segs if self._maintain else None,
                 "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing}
         if not self._maintain and self._own_segments:
@@ -629,6 +659,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             for s, n in runs:
                 st._record_segment(s, n)
         own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
+        st = st if self._stored_storage is None else self._stored_storage
         with self._state.locked():      # rows and counters from one instant, even while other processes commit
             if own:
                 st.dumps(os.path.join(os.fspath(path), self.storage_path_relative))
@@ -642,7 +673,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """Releases the buffer; closes the storage when the buffer created or loaded it. Idempotent."""
         st, self.storage = self.storage, None
         if st is not None and self._owns_storage:
-            if self.cache_path is not None and st.is_mutable and not st.is_closed and st.cache_filename is not None:
+            on_disk = st if self._stored_storage is None else self._stored_storage
+            if self.cache_path is not None and st.is_mutable and not st.is_closed and on_disk.cache_filename is not None:
                 try:
                     self._write_metadata_for(st)
                 except (OSError, StorageStateError):
@@ -665,3 +697,85 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         state["_writer"] = None
         state["_owns_storage"] = False
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.multiprocessing and self.storage is not None:
+            self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
+
+    # ------------------------------------------------------------------ durability and `with`
+    @property
+    def durable(self) -> bool:
+        """True (the default): every ended episode (`mark_segment_end()`, `commit_segment(writer)`) of a buffer
+        with a `cache_path` is persisted at once, so a killed process loses at most the episode in progress. Only
+        the small state that changed is written (metadata.json and the storages' metadata files, each replaced
+        atomically); the rows are in their files already. False: only `flush()`, `dumps()` and `close()` persist
+        (bulk loads; see `bulk()`). See docs/guarantees.md for what survives a crash and a power loss."""
+        return self._durable
+
+    @durable.setter
+    def durable(self, value: bool) -> None:
+        self._durable = bool(value)
+        if self.storage is not None and not self.multiprocessing:
+            self.storage.durable = value
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator["ReplayBuffer"]:
+        """`with buffer.bulk():` loads many episodes without persisting each one; on leaving the block (also on an
+        exception) durability is restored and everything is persisted once (`flush()`)."""
+        before = self._durable
+        self.durable = False
+        try:
+            yield self
+        finally:
+            self.durable = before
+            if self.storage is not None:
+                self.flush()
+
+    def flush(self) -> None:
+        """A commit point now: the storage's files, then metadata.json (a no-op without a `cache_path` or for a
+        read-only buffer). Rows of an episode still open count in `len()` but are not recorded as an episode."""
+        st = self._st()
+        if self.cache_path is not None and st.is_mutable:
+            self.dumps()
+
+    def _commit_point(self) -> None:
+        """An episode was recorded: a durable single-process buffer on disk rewrites its metadata now (the storage
+        persisted its own state when the episode ended in it; a shared buffer persisted under its lock)."""
+        if not self._durable or self.multiprocessing or self.cache_path is None:
+            return
+        st = self.storage if self._stored_storage is None else self._stored_storage
+        if st is not None and st.is_mutable and st.cache_filename is not None:
+            self._write_metadata(self.cache_path)
+
+    def _drop_open_episode(self) -> None:
+        """Forgets the episode in progress and its rows (the tail of the buffer), as a crash would."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        if not self._seg_open:
+            return
+        with self._state.locked():
+            n = min(self._seg_len, self._state.count)
+            self._st().abort_segment()
+            self._seg_open = False
+            self._state.count -= n
+            self._state.version += 1
+
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        """Closes the buffer, committing it. An episode still open is ended and kept on a normal exit; when the
+        block raised, it is dropped (its rows leave the buffer), as a crash would drop it."""
+        try:
+            if self.storage is not None and self.is_mutable:
+                if exc_type is None:
+                    self.mark_segment_end()
+                else:
+                    self._drop_open_episode()
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        return describe_buffer(self)

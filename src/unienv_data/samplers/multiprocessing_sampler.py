@@ -81,7 +81,7 @@ from typing import Any, Deque, Dict, Iterator, List, NoReturn, Optional, Sequenc
 
 import numpy as np
 
-from unienv_data.base.common import BatchSampler
+from unienv_data.base.common import BatchBase, BatchSampler
 
 from ._mp_packing import unpack
 from ._mp_pool import WorkerPool
@@ -428,6 +428,10 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
                 self._stale.add(rid)
         for d in self._ready.values():
             d.clear()
+
+    def dataset_view(self) -> BatchBase:
+        """The wrapped sampler's dataset view (see `BatchSampler.dataset_view`)."""
+        return self.sampler.dataset_view()
 
     def __len__(self) -> int:
         return len(self.data)

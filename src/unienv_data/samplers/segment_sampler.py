@@ -56,6 +56,12 @@ class SegmentSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self.np_rng = np.random.default_rng(seed)
         self._seg_cache = SegmentCache("run")
 
+    def dataset_view(self) -> BatchBase:
+        """Refused: whole episodes differ in length, so they are no map-style dataset of equal items."""
+        raise TypeError("SegmentSampler draws whole episodes of different lengths, which a map-style dataset cannot "
+                        "batch; use SliceSampler(data, batch_size, window) or WindowDataset for fixed-length windows, "
+                        "or iterate SegmentSampler.sample() (e.g. through PinnedPrefetcher)")
+
     def manual_seed(self, seed: int) -> None:
         self.np_rng = np.random.default_rng(seed)
 

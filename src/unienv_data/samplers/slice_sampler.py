@@ -20,6 +20,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._segments import SegmentIndex, check_unrecorded
 from unienv_data.batches.slice_stacked import MASK_KEY, FrameStackedBatch
+from unienv_data.batches.sub_indexed import SubIndexedBatch
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
 
@@ -144,6 +145,12 @@ class SliceSampler(BatchSampler[Any, Any, Any, Any, Any]):
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([np.arange(s, s + c, dtype=np.int64) for s, c in zip(starts.tolist(), counts.tolist())
                                if c > 0])
+
+    def dataset_view(self) -> BatchBase:
+        """Every window `all_starts()` can draw, once, in order: item `j` is the window starting at
+        `all_starts()[j]` (its mask, all True unless `partial=True`, is in the metadata under "slice_valid_mask").
+        A snapshot of the current segments: build it again after the data grew."""
+        return SubIndexedBatch(self._frames, self.all_starts())
 
     def epoch_iter(self) -> Iterator[Tuple[Any, Any]]:  # type: ignore[override]
         """Every drawable window once, in random order: `(windows, valid_mask)` per batch (the last may be short)."""

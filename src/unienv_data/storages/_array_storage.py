@@ -78,7 +78,9 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
             raise TypeError(f"{cls.__name__} stores a BoxSpace or BinarySpace, got {type(space).__name__}; "
                             "use FlattenedStorage or DictStorage for structured spaces")
         if space.backend.simplified_name != cls._backend_name:
-            raise TypeError(f"{cls.__name__} needs a space on the {cls._backend_name} backend, got {space.backend}")
+            raise TypeError(f"{cls.__name__} needs a space on the {cls._backend_name} backend, got {space.backend}: "
+                            f"open it with space.to('{cls._backend_name}') and wrap it in ToBackendOrDeviceStorage "
+                            "(ReplayBuffer.load_from(path, backend=...) does that by itself)")
         dev = space.device
         if dev is not None and str(dev) not in ("cpu", "cpu:0"):
             raise ValueError(f"{cls.__name__} keeps rows in host memory; the space's device must be cpu or None, "
@@ -97,7 +99,8 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
 
         `is_memmap` defaults to "memory-map when `cache_path` is given"; `is_memmap=True` without a path is an error.
         With `multiprocessing=True` an in-RAM storage lives in shared memory so worker processes see its rows.
-        An existing file at `cache_path` is replaced (never silently reused); `memmap_existok=False` refuses it.
+        An existing file at `cache_path` is refused unless `overwrite=True` (then replaced, never silently reused);
+        `memmap_existok=False` refuses it even then.
         `capacity=None` makes a growable storage.
         """
         if args:

@@ -279,6 +279,8 @@ def check_stored_space(js: Any, space: Space, path: str, meta_path: str, sep: st
         a, b = s_leaves[k], g_leaves[k]
         if a != b:
             parts.append(f"key {k!r}: stored {describe_space(a)}, given {describe_space(b)}")
+    if not parts and not (s_leaves and g_leaves):
+        parts.append(f"stored {describe_space(stored)}, given {describe_space(space)}")
     raise ValueError(f"the space does not match the one stored in {path}: {'; '.join(parts) or 'they differ'}")
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import PathLike, check_format_version, read_json
+from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.ring import ring_rows
@@ -119,7 +119,9 @@ def prepare_new_directory(path: Any, user: str) -> str:
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise FileExistsError(f"{user}: cache_path {path} exists and is not a directory")
-        if os.listdir(path):
+        if os.listdir(path) and replacing_allowed():
+            shutil.rmtree(path)         # create(..., overwrite=True): the old storage's files go
+        elif os.listdir(path):
             raise FileExistsError(f"{user}: cache_path {path} is not empty; choose a new directory (a new storage "
                                   "never reuses old files)")
     os.makedirs(path, exist_ok=True)

@@ -14,7 +14,7 @@ from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, P
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.wrapper import ValueMappingStorage
-from unienv_interface.backends.base import ComputeBackend
+from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.backends.serialization import deserialize_backend, serialize_backend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
 
@@ -23,14 +23,7 @@ INNER_PREFIX = "inner_storage"
 
 
 def _backend_arg(backend: Any) -> Optional[Any]:
-    if backend is None:
-        return None
-    if isinstance(backend, str):
-        return deserialize_backend(backend)
-    if isinstance(backend, type) and issubclass(backend, ComputeBackend):
-        return backend
-    raise TypeError(f"backend must be a ComputeBackend class, a backend name ('numpy', 'pytorch', 'jax') or None, "
-                    f"got {backend!r}")
+    return None if backend is None else resolve_backend(backend)
 
 
 def _same_device(backend: Any, a: Any, b: Any) -> bool:

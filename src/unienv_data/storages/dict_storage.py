@@ -452,6 +452,13 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         for c in self._storages:
             c._record_segment(start, length)
 
+    def _child_storages(self) -> List[SpaceStorage]:
+        return list(self._storages)
+
+    def _persist_committed(self) -> None:
+        for c in self._storages:          # the children hold the rows and the segments; this metadata is static
+            c._persist_committed()
+
     def open_segment_writer(self) -> SegmentWriter:
         """A writer holding one writer per child; `commit(start)` commits every child at `start`."""
         self._check_writable()

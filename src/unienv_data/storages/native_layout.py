@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 from unienv_data.base.files import PathLike
 from unienv_data.base.storage import SpaceStorage
-from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 from ._dict_routing import leaf_items
 from .backend_compat import ToBackendOrDeviceStorage
@@ -105,6 +105,10 @@ def native_layout_kwargs(space: Space, *, image_storage: str = "array",
             else:
                 by_dtype.setdefault(name, []).append(key)
         else:
+            if isinstance(leaf, TextSpace) and leaf.charset is None:
+                raise ValueError(f"key {key!r}: a TextSpace without a charset cannot be stored in the native layout "
+                                 "(its characters are kept as integer codes of the charset); give it one, e.g. "
+                                 f"TextSpace(backend, max_length={leaf.max_length}, charset=string.printable)")
             storage_cls_map[key] = FlattenedStorage
             key_kwargs[key] = {"inner_storage_cls": array_cls}
     groups: Dict[str, List[str]] = {}
@@ -132,7 +136,7 @@ def _needs_host_backend(space: Space) -> bool:
 
 def create_native_storage(space: Space, *, capacity: Optional[int] = None, cache_path: Optional[PathLike] = None,
                           multiprocessing: bool = False, image_storage: str = "array",
-                          video_kwargs: Optional[Mapping[str, Any]] = None
+                          video_kwargs: Optional[Mapping[str, Any]] = None, overwrite: bool = False
                           ) -> Union[DictStorage, ToBackendOrDeviceStorage]:
     """A `DictStorage` of `space` that keeps every leaf in its own dtype (see the module docstring).
 
@@ -140,7 +144,8 @@ def create_native_storage(space: Space, *, capacity: Optional[int] = None, cache
     that directory and the storage can be reopened with `load_native_storage(cache_path, space)`; without it the
     rows live in RAM (in shared memory with `multiprocessing=True`). `image_storage="video"` stores image leaves
     with `VideoStorage(**video_kwargs)` and needs a `cache_path`. A JAX space gets the NumPy layout wrapped in a
-    `ToBackendOrDeviceStorage` that serves JAX arrays.
+    `ToBackendOrDeviceStorage` that serves JAX arrays. A `cache_path` that already holds data is refused unless
+    `overwrite=True`.
     """
     if image_storage == "video" and cache_path is None:
         raise ValueError("image_storage='video' writes video files and needs a cache_path")
@@ -151,10 +156,11 @@ def create_native_storage(space: Space, *, capacity: Optional[int] = None, cache
                                            video_kwargs=video_kwargs)
         cls_map = host_kwargs.pop("storage_cls_map")
         return ToBackendOrDeviceStorage.create(space, DictStorage, cls_map, capacity=capacity, cache_path=cache_path,
-                                               multiprocessing=multiprocessing, backend="numpy", **host_kwargs)
+                                               multiprocessing=multiprocessing, backend="numpy", overwrite=overwrite,
+                                               **host_kwargs)
     kwargs = native_layout_kwargs(space, image_storage=image_storage, video_kwargs=video_kwargs)
     return DictStorage.create(space, kwargs.pop("storage_cls_map"), capacity=capacity, cache_path=cache_path,
-                              multiprocessing=multiprocessing, **kwargs)
+                              multiprocessing=multiprocessing, overwrite=overwrite, **kwargs)
 
 
 def load_native_storage(path: PathLike, space: Space, *, capacity: Optional[int] = None, read_only: bool = True,

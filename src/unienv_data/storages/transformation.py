@@ -21,6 +21,9 @@ from unienv_interface.space.space_utils.serialization_utils import json_to_space
 from unienv_interface.transformations import (DataTransformation, TransformationFormatError, json_to_transformation,
                                               transformation_to_json)
 
+# registers this library's own transformations (image compression) so stored metadata naming them reloads
+import unienv_data.transformations  # noqa: F401,E402
+
 METADATA_FILE = "transformed_metadata.json"
 #: written by the reference implementation; never read (unpickling a file can run arbitrary code)
 LEGACY_PICKLE_FILE = "data_transformation.pkl"

@@ -4,6 +4,7 @@ from typing import Any
 from .base import (ArrayAPIArray, ArrayAPIGetIndex, ArrayAPISetIndex, BArrayType, BDeviceType, BDtypeType,
                    BRNGType, ComputeBackend)
 from .numpy import NumpyComputeBackend
+from .resolve import resolve_backend
 from .serialization import deserialize_backend, deserialize_dtype, serialize_backend, serialize_dtype
 
 
@@ -22,4 +23,4 @@ def get_backend_from_tensor(x: Any) -> Any:
 
 __all__ = ["ComputeBackend", "BArrayType", "BDeviceType", "BDtypeType", "BRNGType", "ArrayAPIArray",
            "ArrayAPIGetIndex", "ArrayAPISetIndex", "get_backend_from_tensor", "NumpyComputeBackend",
-           "serialize_backend", "deserialize_backend", "serialize_dtype", "deserialize_dtype"]
+           "serialize_backend", "deserialize_backend", "resolve_backend", "serialize_dtype", "deserialize_dtype"]

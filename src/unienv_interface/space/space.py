@@ -4,7 +4,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Generic, Mapping, Optional, Tuple, TypeVar, Union
 
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType, ComputeBackend
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+from unienv_interface.backends.resolve import resolve_backend
 
 from .metadata import SpaceMetadata
 
@@ -19,7 +20,7 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
 
     def __init__(self, backend: Any, shape: Optional[Tuple[int, ...]] = None, device: Any = None,
                  dtype: Any = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
-        check_backend(backend)
+        backend = check_backend(backend)
         self._backend = backend
         self._shape = None if shape is None else tuple(int(d) for d in shape)
         self._device = device
@@ -104,10 +105,10 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
     __hash__ = None  # type: ignore[assignment]
 
 
-def check_backend(backend: Any) -> None:
-    """TypeError unless `backend` is a ComputeBackend class."""
-    if not (isinstance(backend, type) and issubclass(backend, ComputeBackend)):
-        raise TypeError(f"backend must be a ComputeBackend class (e.g. NumpyComputeBackend), got {backend!r}")
+def check_backend(backend: Any) -> Any:
+    """The ComputeBackend class `backend` names (a class, a name such as "numpy" / "torch", or an array module; see
+    `resolve_backend`); TypeError / ValueError for anything else."""
+    return resolve_backend(backend)
 
 
 def array_data_to(space: Space, data: Any, backend: Any, device: Any) -> Any:
@@ -120,7 +121,7 @@ def array_data_to(space: Space, data: Any, backend: Any, device: Any) -> Any:
 
 def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any, Any]:
     """The `(backend, device)` a `to(backend, device)` call targets (None keeps the space's own)."""
-    target_backend = space.backend if backend is None else backend
+    target_backend = space.backend if backend is None else resolve_backend(backend)
     if device is None:
         device = space.device if target_backend is space.backend else None
     return target_backend, device

@@ -12,6 +12,8 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
+from unienv_interface.backends.resolve import resolve_backend
+
 from ..space import Space
 from ..spaces import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
 
@@ -75,6 +77,7 @@ def _shape(js: Mapping[str, Any], kind: str) -> tuple:
 
 def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Space:
     """Rebuilds a space written by `space_to_json` on `backend` / `device`; ValueError for malformed JSON."""
+    backend = resolve_backend(backend)
     if not isinstance(js, Mapping) or "type" not in js:
         raise ValueError(f"malformed space JSON: expected an object with a 'type' field, got {str(js)[:80]}")
     kind = js["type"]

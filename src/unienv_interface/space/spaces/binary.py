@@ -14,7 +14,7 @@ class BinarySpace(Space[Any, Any, Any, Any]):
 
     def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,
                  metadata: Optional[Mapping[str, Any]] = None) -> None:
-        check_backend(backend)
+        backend = check_backend(backend)
         dt = backend.default_boolean_dtype if dtype is None else backend.as_dtype(dtype)
         if not backend.dtype_is_boolean(dt):
             raise TypeError(f"BinarySpace dtype must be boolean, got {dtype!r}")

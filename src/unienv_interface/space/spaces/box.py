@@ -94,7 +94,7 @@ class BoxSpace(Space[Any, Any, Any, Any]):
 
     def __init__(self, backend: Any, low: Any, high: Any, dtype: Any, device: Any = None,
                  shape: Optional[Sequence[int]] = None, metadata: Optional[Mapping[str, Any]] = None) -> None:
-        check_backend(backend)
+        backend = check_backend(backend)
         if dtype is None:
             raise TypeError("BoxSpace needs a dtype (a real floating or integer dtype)")
         dt = backend.as_dtype(dtype)

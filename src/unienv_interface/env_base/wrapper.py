@@ -1,0 +1,155 @@
+"""`Wrapper`: an `Env` around another `Env` that forwards everything unless a subclass overrides it."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+from unienv_interface.space import Space
+
+from .env import Env, RenderFrame, StepResult
+
+
+class Wrapper(Env[Any, Any, Any, Any]):
+    """Forwards the lifecycle, spaces, backend, device, batch size and rng to `env`.
+
+    A subclass may assign `action_space`, `observation_space`, `context_space`, `metadata` or `rng` to override
+    them for this layer only (assigning None goes back to forwarding); a replacement space must keep the batching
+    of the wrapped env."""
+
+    def __init__(self, env: Env) -> None:
+        if not isinstance(env, Env):
+            raise TypeError(f"Wrapper needs a unienv_interface Env, got {type(env).__name__} (wrap a gymnasium env "
+                            "with unienv_interface.wrapper.gym_compat.FromGymnasiumEnv first)")
+        self.env = env
+        self._action_space: Optional[Space] = None
+        self._observation_space: Optional[Space] = None
+        self._context_space: Optional[Space] = env.context_space
+        self._metadata: Optional[Dict[str, Any]] = None
+        self._rng: Any = None
+
+    # ------------------------------------------------------------------ forwarded attributes
+    @property  # type: ignore[override]
+    def metadata(self) -> Dict[str, Any]:
+        return self.env.metadata if self._metadata is None else self._metadata
+
+    @metadata.setter
+    def metadata(self, value: Optional[Dict[str, Any]]) -> None:
+        self._metadata = value
+
+    @property  # type: ignore[override]
+    def render_mode(self) -> Optional[str]:
+        return self.env.render_mode
+
+    @render_mode.setter
+    def render_mode(self, value: Optional[str]) -> None:
+        self.env.render_mode = value
+
+    @property  # type: ignore[override]
+    def render_fps(self) -> Optional[int]:
+        return self.env.render_fps
+
+    @render_fps.setter
+    def render_fps(self, value: Optional[int]) -> None:
+        self.env.render_fps = value
+
+    @property  # type: ignore[override]
+    def backend(self) -> Any:
+        return self.env.backend
+
+    @property  # type: ignore[override]
+    def device(self) -> Any:
+        return self.env.device
+
+    @property  # type: ignore[override]
+    def batch_size(self) -> Optional[int]:
+        return self.env.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Optional[int]) -> None:
+        raise AttributeError(f"{type(self).__name__}.batch_size is the wrapped env's ({self.env.batch_size}); a "
+                             "wrapper cannot change it")
+
+    @property  # type: ignore[override]
+    def action_space(self) -> Space:
+        return self.env.action_space if self._action_space is None else self._action_space
+
+    @action_space.setter
+    def action_space(self, space: Optional[Space]) -> None:
+        self._action_space = space
+
+    @property  # type: ignore[override]
+    def observation_space(self) -> Space:
+        return self.env.observation_space if self._observation_space is None else self._observation_space
+
+    @observation_space.setter
+    def observation_space(self, space: Optional[Space]) -> None:
+        self._observation_space = space
+
+    @property  # type: ignore[override]
+    def context_space(self) -> Optional[Space]:
+        return self._context_space
+
+    @context_space.setter
+    def context_space(self, space: Optional[Space]) -> None:
+        self._context_space = space
+
+    @property  # type: ignore[override]
+    def rng(self) -> Any:
+        return self.env.rng if self._rng is None else self._rng
+
+    @rng.setter
+    def rng(self, value: Any) -> None:
+        self._rng = value
+
+    # ------------------------------------------------------------------ lifecycle
+    def step(self, action: Any) -> StepResult:
+        return self.env.step(action)
+
+    def reset(self, *args: Any, mask: Optional[Any] = None, seed: Optional[int] = None,
+              **kwargs: Any) -> Tuple[Any, Any, Dict[str, Any]]:
+        return self.env.reset(*args, mask=mask, seed=seed, **kwargs)
+
+    def render(self) -> Union[RenderFrame, Sequence[RenderFrame], None]:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+    # ------------------------------------------------------------------ wrapper chain
+    @property
+    def unwrapped(self) -> Env:
+        return self.env.unwrapped
+
+    @property
+    def prev_wrapper_layer(self) -> Env:
+        return self.env
+
+    def has_wrapper_attr(self, name: str) -> bool:
+        return hasattr(self, name) or self.env.has_wrapper_attr(name)
+
+    def get_wrapper_attr(self, name: str) -> Any:
+        if hasattr(self, name):
+            return getattr(self, name)
+        try:
+            return self.env.get_wrapper_attr(name)
+        except AttributeError:
+            raise AttributeError(f"neither {type(self).__name__} nor the environments it wraps have an attribute "
+                                 f"{name!r}") from None
+
+    def set_wrapper_attr(self, name: str, value: Any) -> None:
+        layer: Optional[Env] = self
+        while layer is not None:
+            if hasattr(layer, name):
+                setattr(layer, name, value)
+                return
+            layer = layer.prev_wrapper_layer
+        raise AttributeError(f"neither {type(self).__name__} nor the environments it wraps have an attribute "
+                             f"{name!r} to set")
+
+    def __str__(self) -> str:
+        return f"<{type(self).__name__}{self.env}>"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+__all__ = ["Wrapper"]

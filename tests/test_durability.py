@@ -1,0 +1,376 @@
+"""Issue 17: an ended episode is durable by default (a SIGKILL in a real subprocess loses at most the episode in
+progress), `with` closes and commits, `create()` never replaces a dataset silently, `load_from` serves any backend,
+metadata files follow the umask, and the errors and the repr name what matters."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+from _third_party import require_module
+
+from unienv_data.base.files import atomic_write_json
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_data.storages.dict_storage import DictStorage
+from unienv_data.storages.flattened import FlattenedStorage
+from unienv_data.storages.native_layout import create_native_storage, native_layout_kwargs
+from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+from unienv_interface.backends import NumpyComputeBackend as NB
+from unienv_interface.backends import resolve_backend
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, TextSpace
+
+STEPS = 7          # per episode
+DONE = 5           # episodes ended before the kill
+
+# The recording process: DONE ended episodes, then part of one more, then SIGKILL (no close, no dumps, no atexit).
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.flattened import FlattenedStorage
+    from unienv_data.storages.native_layout import create_native_storage, native_layout_kwargs
+    from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+    kind, path, steps, done = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    img = BoxSpace(NB, 0, 255, np.uint8, shape=(16, 16, 3))
+    space = DictSpace(NB, {"obs": BoxSpace(NB, -10, 10, np.float32, shape=(3,)), "done": BinarySpace(NB, shape=()),
+                           "image": img})
+    def step(e, t):
+        return {"obs": np.full(3, e + t / 100, np.float32), "done": np.bool_(t == steps - 1),
+                "image": np.full((16, 16, 3), 10 * e + t, np.uint8)}
+    if kind == "rb-flat":
+        flat = DictSpace(NB, {"obs": space["obs"], "x": BoxSpace(NB, 0, 1000, np.float32, shape=())})
+        step = lambda e, t: {"obs": np.full(3, e + t / 100, np.float32), "x": np.float32(10 * e + t)}
+        target = ReplayBuffer.create(FlattenedStorage, flat, NumpyMemmapStorage, cache_path=path, capacity=1000)
+    elif kind == "rb-native":
+        target = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=1000, **native_layout_kwargs(space))
+    elif kind == "rb-video":
+        target = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=1000,
+                                     **native_layout_kwargs(space, image_storage="video",
+                                                            video_kwargs={"lossless": True}))
+    elif kind == "rb-writer":
+        target = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=None, **native_layout_kwargs(space))
+    elif kind == "native":
+        target = create_native_storage(space, capacity=1000, cache_path=path)
+    elif kind == "rb-with-raise":
+        try:
+            with ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=1000,
+                                     **native_layout_kwargs(space)) as rb:
+                for e in range(done):
+                    for t in range(steps):
+                        rb.append(step(e, t))
+                    rb.mark_segment_end()
+                for t in range(3):
+                    rb.append(step(done, t))
+                raise RuntimeError("the environment crashed")
+        except RuntimeError:
+            sys.exit(0)
+    for e in range(done):
+        if kind == "rb-writer":
+            w = target.open_segment_writer()
+            for t in range(steps):
+                w.append(step(e, t))
+            target.commit_segment(w)
+            continue
+        if kind == "native":
+            target.mark_segment_start(e * steps)
+        for t in range(steps):
+            target.append(step(e, t))
+        target.mark_segment_end()
+    if kind == "native":
+        target.mark_segment_start(done * steps)
+    for t in range(3):          # the episode in progress
+        target.append(step(done, t))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def _space() -> DictSpace:
+    return DictSpace(NB, {"obs": BoxSpace(NB, -10, 10, np.float32, shape=(3,)), "done": BinarySpace(NB, shape=()),
+                          "image": BoxSpace(NB, 0, 255, np.uint8, shape=(16, 16, 3))})
+
+
+def _record_and_kill(kind: str, path: str) -> int:
+    proc = subprocess.run([sys.executable, "-c", CHILD, kind, path, str(STEPS), str(DONE)], capture_output=True,
+                          timeout=120)
+    assert proc.returncode in (-signal.SIGKILL, 0), proc.stderr.decode()[-2000:]
+    return proc.returncode
+
+
+def _check_episode(get: Any, e: int, start: int, flat: bool = False) -> None:
+    rows = get(slice(start, start + STEPS))
+    want = np.array([e + t / 100 for t in range(STEPS)], np.float32)
+    np.testing.assert_array_equal(np.asarray(rows["obs"])[:, 0], want)
+    if flat:
+        np.testing.assert_array_equal(np.asarray(rows["x"]), [10 * e + t for t in range(STEPS)])
+    else:
+        np.testing.assert_array_equal(np.asarray(rows["image"])[:, 0, 0, 0], [10 * e + t for t in range(STEPS)])
+
+
+@pytest.mark.parametrize("kind", ["rb-flat", "rb-native", "rb-video", "rb-writer", "rb-with-raise"])
+def test_ended_episodes_survive_sigkill_of_the_recording_process(tmp_path: Any, kind: str) -> None:
+    if kind == "rb-video":
+        require_module("av", "video")
+    path = str(tmp_path / "data")
+    rc = _record_and_kill(kind, path)
+    assert rc == (0 if kind == "rb-with-raise" else -signal.SIGKILL)
+    rb = ReplayBuffer.load_from(path, backend=NB)
+    try:
+        # every ended episode is back, whole; the episode in progress is gone
+        assert len(rb) == DONE * STEPS
+        assert rb.get_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(DONE)]
+        for e in range(DONE):
+            _check_episode(rb.get_at, e, e * STEPS, flat=kind == "rb-flat")
+    finally:
+        rb.close()
+
+
+def test_ended_segments_of_a_storage_survive_sigkill(tmp_path: Any) -> None:
+    path = str(tmp_path / "native")
+    assert _record_and_kill("native", path) == -signal.SIGKILL
+    st = DictStorage.load_from(path, _space(), capacity=1000)
+    try:
+        assert st.get_segments() == [(e * STEPS, (e + 1) * STEPS - 1) for e in range(DONE)]
+        for e in range(DONE):
+            _check_episode(st.get, e, e * STEPS)
+    finally:
+        st.close()
+
+
+def _steps(e: int, n: int = STEPS) -> list:
+    return [{"obs": np.full(3, e + t / 100, np.float32), "done": np.bool_(False),
+             "image": np.full((16, 16, 3), 10 * e + t, np.uint8)} for t in range(n)]
+
+
+def test_bulk_turns_per_episode_persistence_off_and_persists_once_at_the_end(tmp_path: Any) -> None:
+    path = str(tmp_path / "rb")
+    space = _space()
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=100, **native_layout_kwargs(space))
+    assert rb.durable and rb.storage is not None and rb.storage.durable
+    with rb.bulk():
+        assert not rb.durable and not rb.storage.durable
+        for s in _steps(0):
+            rb.append(s)
+        rb.mark_segment_end()
+        assert ReplayBuffer.get_length_from_path(path) == 0      # not persisted per episode
+    assert rb.durable and ReplayBuffer.get_length_from_path(path) == STEPS
+    rb.durable = False
+    for s in _steps(1):
+        rb.append(s)
+    rb.mark_segment_end()
+    assert ReplayBuffer.get_length_from_path(path) == STEPS
+    rb.durable = True
+    for s in _steps(2):
+        rb.append(s)
+    rb.mark_segment_end()
+    assert ReplayBuffer.get_length_from_path(path) == 3 * STEPS
+    rb.close()
+
+
+def test_with_block_commits_an_open_episode_on_a_normal_exit(tmp_path: Any) -> None:
+    path = str(tmp_path / "rb")
+    space = _space()
+    with ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=100, **native_layout_kwargs(space)) as rb:
+        for s in _steps(0):
+            rb.append(s)
+    assert rb.storage is None           # closed
+    back = ReplayBuffer.load_from(path, backend="numpy")
+    assert back.get_segments() == [(0, STEPS)]
+    back.close()
+
+
+def test_storage_with_block_records_or_drops_the_open_segment(tmp_path: Any) -> None:
+    space = _space()
+    with create_native_storage(space, capacity=50, cache_path=str(tmp_path / "a")) as st:
+        st.mark_segment_start(0)
+        for s in _steps(0):
+            st.append(s)
+    back = DictStorage.load_from(str(tmp_path / "a"), space, capacity=50)
+    assert back.get_segments() == [(0, STEPS - 1)]
+    back.close()
+    with pytest.raises(KeyError):
+        with create_native_storage(space, capacity=50, cache_path=str(tmp_path / "b")) as st:
+            st.mark_segment_start(0)
+            st.append(_steps(0)[0])
+            raise KeyError("boom")
+    back = DictStorage.load_from(str(tmp_path / "b"), space, capacity=50)
+    assert back.get_segments() == []
+    back.close()
+
+
+# ------------------------------------------------------------------------------------------ create() never wipes
+def _flat_space() -> DictSpace:
+    return DictSpace(NB, {"a": BoxSpace(NB, 0, 1, np.float32, shape=(2,)), "b": BoxSpace(NB, 0, 9, np.float32, shape=())})
+
+
+def test_create_refuses_an_existing_dataset_unless_overwrite(tmp_path: Any) -> None:
+    path = str(tmp_path / "rb")
+    space = _flat_space()
+    with ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=10) as rb:
+        rb.extend({"a": np.full((4, 2), 0.5, np.float32), "b": np.arange(4, dtype=np.float32)})
+    with pytest.raises(FileExistsError) as err:
+        ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=10)
+    msg = str(err.value)
+    assert path in msg and "overwrite=True" in msg and "load_from" in msg
+    assert ReplayBuffer.get_length_from_path(path) == 4       # untouched
+    rb = ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=10, overwrite=True)
+    assert len(rb) == 0
+    rb.close()
+    # an empty directory (e.g. from tempfile.mkdtemp) is fine
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=str(empty), capacity=10).close()
+
+
+def test_storage_create_refuses_an_existing_dataset_unless_overwrite(tmp_path: Any) -> None:
+    space = _space()
+    path = str(tmp_path / "native")
+    create_native_storage(space, capacity=10, cache_path=path).close()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        create_native_storage(space, capacity=10, cache_path=path)
+    create_native_storage(space, capacity=10, cache_path=path, overwrite=True).close()
+    flat = str(tmp_path / "flat")
+    FlattenedStorage.create(_flat_space(), NumpyMemmapStorage, capacity=4, cache_path=flat).close()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        FlattenedStorage.create(_flat_space(), NumpyMemmapStorage, capacity=4, cache_path=flat)
+    raw = str(tmp_path / "x.memmap")
+    NumpyMemmapStorage.create(BoxSpace(NB, 0, 1, np.float32, shape=(2,)), capacity=4, cache_path=raw).close()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        NumpyMemmapStorage.create(BoxSpace(NB, 0, 1, np.float32, shape=(2,)), capacity=4, cache_path=raw)
+    NumpyMemmapStorage.create(BoxSpace(NB, 0, 1, np.float32, shape=(2,)), capacity=4, cache_path=raw,
+                              overwrite=True).close()
+
+
+# ------------------------------------------------------------------------------------------ any backend on load
+def _recorded(tmp_path: Any) -> str:
+    path = str(tmp_path / "rb")
+    with ReplayBuffer.create(FlattenedStorage, _flat_space(), NumpyMemmapStorage, cache_path=path, capacity=10) as rb:
+        for i in range(3):
+            rb.append({"a": np.full(2, 0.5, np.float32), "b": np.float32(i)})
+        rb.mark_segment_end()
+    return path
+
+
+@pytest.mark.parametrize("backend", ["torch", "pytorch", "TORCH", "module"])
+def test_numpy_recorded_buffer_opens_as_torch(tmp_path: Any, backend: str) -> None:
+    torch = require_module("torch", "torch")
+    path = _recorded(tmp_path)
+    rb = ReplayBuffer.load_from(path, backend=torch if backend == "module" else backend, read_only=False)
+    try:
+        got = rb.get_at(slice(0, 3))
+        assert isinstance(got["b"], torch.Tensor) and got["b"].tolist() == [0.0, 1.0, 2.0]
+        rb.append({"a": torch.full((2,), 0.25), "b": torch.tensor(7.0)})
+        rb.mark_segment_end()
+        assert "served as pytorch" in repr(rb)
+    finally:
+        rb.close()
+    back = ReplayBuffer.load_from(path, backend="numpy")       # still a NumPy dataset on disk
+    assert back.get_at(3)["b"] == np.float32(7.0) and back.get_segments() == [(0, 3), (3, 4)]
+    back.close()
+
+
+def test_torch_recorded_buffer_opens_as_numpy_and_jax(tmp_path: Any) -> None:
+    torch = require_module("torch", "torch")
+    from unienv_data.storages.pytorch import PytorchTensorStorage
+    TB = resolve_backend("torch")
+    space = DictSpace(TB, {"a": BoxSpace(TB, 0, 1, torch.float32, shape=(2,))})
+    path = str(tmp_path / "rb")
+    with ReplayBuffer.create(FlattenedStorage, space, PytorchTensorStorage, cache_path=path, capacity=4) as rb:
+        rb.append({"a": torch.full((2,), 0.5)})
+    rb = ReplayBuffer.load_from(path, backend=np)
+    assert isinstance(rb.get_at(0)["a"], np.ndarray)
+    rb.close()
+    jnp = require_module("jax.numpy", "jax")
+    rb = ReplayBuffer.load_from(path, backend=jnp)
+    assert type(rb.get_at(0)["a"]).__module__.startswith("jax")
+    rb.close()
+
+
+def test_resolve_backend_accepts_classes_names_and_modules() -> None:
+    assert resolve_backend(NB) is NB and resolve_backend("numpy") is NB and resolve_backend(np) is NB
+    with pytest.raises(ValueError, match="unknown backend name 'numpi'"):
+        resolve_backend("numpi")
+    with pytest.raises(TypeError, match="ComputeBackend class"):
+        resolve_backend(3)
+    # spaces take every spelling too
+    assert BoxSpace("numpy", 0, 1, np.float32, shape=(2,)) == BoxSpace(NB, 0, 1, np.float32, shape=(2,))
+    from unienv_data.storages.backend_compat import ToBackendOrDeviceStorage
+    st = ToBackendOrDeviceStorage.create(BoxSpace(NB, 0, 1, np.float32, shape=(2,)), NumpyMemmapStorage, capacity=2,
+                                         backend=np)
+    assert st.inner_backend is NB
+    st.close()
+
+
+# ------------------------------------------------------------------------------------------ files and errors
+def test_metadata_files_follow_the_umask(tmp_path: Any) -> None:
+    old = os.umask(0o022)
+    try:
+        path = _recorded(tmp_path)
+        atomic_write_json(str(tmp_path / "x.json"), {"a": 1})
+    finally:
+        os.umask(old)
+    found = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".json")]
+    assert len(found) >= 4 and os.path.join(path, "metadata.json") in found
+    for f in found:
+        assert os.stat(f).st_mode & 0o777 == 0o644, f
+    assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
+
+
+def test_load_from_with_another_space_names_the_differing_key(tmp_path: Any) -> None:
+    path = _recorded(tmp_path)
+    other = DictSpace(NB, {"a": BoxSpace(NB, 0, 2, np.float32, shape=(2,)), "b": BoxSpace(NB, 0, 9, np.float32, shape=())})
+    with pytest.raises(ValueError) as err:
+        ReplayBuffer.load_from(path, backend="numpy", single_instance_space=other)
+    msg = str(err.value)
+    assert "key 'a'" in msg and "stored" in msg and "given" in msg and "'b'" not in msg and len(msg) < 500
+
+
+def test_text_space_without_charset_is_reported_at_its_key() -> None:
+    space = DictSpace(NB, {"a": BoxSpace(NB, 0, 1, np.float32, shape=(2,)), "note": TextSpace(NB, max_length=5)})
+    with pytest.raises(ValueError) as err:
+        create_native_storage(space, capacity=4)
+    assert "'note'" in str(err.value) and "<root>" not in str(err.value) and "charset" in str(err.value)
+
+
+def test_replay_buffer_repr_says_what_it_holds(tmp_path: Any) -> None:
+    path = _recorded(tmp_path)
+    rb = ReplayBuffer.load_from(path, backend="numpy")
+    text = repr(rb)
+    rb.close()
+    for part in ("len=3", "capacity=10", "segments=1", "FlattenedStorage", path):
+        assert part in text, text
+    assert "closed" in repr(rb)
+
+
+
+# ------------------------------------------------------------------------------------------ CLI messages
+def test_verify_does_not_call_out_of_bounds_values_inside_their_bounds(tmp_path: Any) -> None:
+    from unienv_data.cli.verify import render, verify
+    path = str(tmp_path / "rb")
+    space = DictSpace(NB, {"a": BoxSpace(NB, 0, 1, np.float32, shape=(2,))})
+    with ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=4) as rb:
+        rb.append({"a": np.full(2, 0.5, np.float32)})
+        rb.append({"a": np.full(2, 0.5, np.float32)})
+    raw = np.memmap(os.path.join(path, "storage", "inner_storage.memmap"), dtype=np.float32, mode="r+", shape=(4, 2))
+    raw[1, 0] = 7.0         # damage: a recorded value outside [0, 1]
+    raw.flush()
+    del raw
+    report = verify(path)
+    text = "\n".join(render(report))
+    assert not report["ok"] and "outside its space bounds" in text
+    assert "recorded values inside their space bounds" not in text
+    assert "1 key(s) hold values outside their space bounds" in text
+
+
+def test_info_ratio_is_readable_for_tiny_keys() -> None:
+    from unienv_data.cli.info import raw_ratio
+    assert raw_ratio(49, 10_000) == "0.49% of raw"
+    assert raw_ratio(1_020, 1_000) == "1.02x raw"
+    assert "0.00x" not in raw_ratio(3, 100_000)

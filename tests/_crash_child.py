@@ -549,11 +549,37 @@ def _episode_problem(kind: str, seed: int, rows: Dict[str, np.ndarray], n: int) 
     return eid, None
 
 
+def _piece_problem(kind: str, seed: int, rows: Dict[str, np.ndarray], n: int
+                   ) -> Tuple[Optional[int], int, int, Optional[str]]:
+    """(episode id, first step, episode length, None) when `rows` are `n` consecutive steps of one recorded
+    episode, byte-identical to what was recorded (a segment clipped by later writes keeps such a run, as in
+    unienv 0.0.1b16); else (id or None, 0, 0, what is wrong)."""
+    if kind == "numpy":
+        r = rows["rows"]
+        if r.shape != (n, 6):
+            return None, 0, 0, f"rows of shape {r.shape}"
+        ids, ts, ns = r[:, 0], r[:, 1], r[:, 2]
+    else:
+        ids, ts, ns = ck.ids_of(kind, rows) if kind in ck.KINDS else (rows["eid"], rows["t"], rows["n"])
+    eid = int(ids[0])
+    if not (ids == eid).all():
+        return None, 0, 0, f"rows of several episodes {sorted(set(ids.tolist()))}"
+    t0, full = int(ts[0]), int(ns[0])
+    if ts.tolist() != list(range(t0, t0 + n)) or not (ns == full).all() or t0 + n > full:
+        return eid, 0, 0, f"not consecutive steps of one episode: steps {ts.tolist()}, lengths {ns.tolist()}"
+    want = episode_arrays(kind, seed, eid, full)
+    for k in want:
+        if want[k][t0:t0 + n].tobytes() != np.ascontiguousarray(rows[k]).tobytes():
+            return eid, 0, 0, f"field {k!r} differs from the recorded bytes"
+    return eid, t0, full, None
+
+
 def check_directory(kind: str, plan: Dict[str, Any], path: str, required: Sequence[int], permitted: Sequence[int],
                     must_open: bool, what: str) -> List[str]:
     """Problems with one reopened directory: it must open (when `must_open`; otherwise it may also fail with a
     clean error), every listed segment must be one whole episode, byte-identical to the recorded one and at its
-    recorded place, and the listed episode ids L must satisfy `required` <= L <= `permitted`."""
+    recorded place, or the rows a clipped episode keeps (byte-identical, in place; not counted as listed), and
+    the listed episode ids L must satisfy `required` <= L <= `permitted`."""
     problems: List[str] = []
     try:
         obj, runs, read = _load(kind, path)
@@ -575,6 +601,16 @@ def check_directory(kind: str, plan: Dict[str, Any], path: str, required: Sequen
                                 f"{type(exc).__name__}: {exc!s:.200}")
                 continue
             eid, p = _episode_problem(kind, plan["seed"], rows, n)
+            if p and eid is not None:
+                # a segment clipped by later writes: the rows it keeps, at their recorded place
+                ceid, t0, full, cp = _piece_problem(kind, plan["seed"], rows, n)
+                if cp is None and n < full:
+                    cap = getattr(obj, "capacity", None)
+                    rec = placement.get(ceid)
+                    if rec is None or (s - t0) % (cap or (1 << 62)) != rec[0] or rec[1] != full:
+                        problems.append(f"{what}: clipped episode {ceid} listed at (start {s}, {n} rows from step "
+                                        f"{t0}), recorded at {rec}")
+                    continue
             if p:
                 problems.append(f"{what}: listed segment (start {s}, {n} rows) is torn or garbage"
                                 f"{'' if eid is None else f' (episode {eid})'}: {p}")

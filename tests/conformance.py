@@ -26,12 +26,14 @@ import math
 import multiprocessing
 import os
 import pickle
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
 
+from unienv_data.base.errors import BoundsWarning
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
 
 try:  # torch is an optional extra; the suite also serves NumPy-only storages
@@ -356,6 +358,8 @@ class StorageConformance:
 
     capacity: int = 6
     supports_growable: bool = False
+    #: values outside a Box's bounds are stored (with a BoundsWarning); False where a layer refuses them by design
+    stores_out_of_bounds: bool = True
     shares_rows_when_pickled: bool = False
     spawn_check: bool = False
     seed: int = 1234
@@ -648,11 +652,13 @@ class StorageConformance:
         st.mark_segment_start(c + 1)
         st.append(b)
         st.mark_segment_end()
-        assert st.get_segments() == [(c - 1, c - 1), (1, 1)]
+        assert st.get_segments() == [(1, 1), (c - 1, c - 1)]   # position order
         self.assert_equal(st.get(c - 1), a)
         self.assert_equal(st.get(1), b)
 
-    def test_later_segment_drops_overwritten_older_ones(self, tmp_path: Any) -> None:
+    def test_later_segment_clips_overwritten_older_ones(self, tmp_path: Any) -> None:
+        """An older segment keeps its rows that were not overwritten (unienv 0.0.1b16's rule); segments are
+        listed in position order."""
         c = self.capacity
         st = self.new_storage(tmp_path)
         for start in (0, 2):
@@ -665,12 +671,12 @@ class StorageConformance:
         for v in self.values(2):
             st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 1), (3, 4)]
+        assert st.get_segments() == [(0, 1), (2, 2), (3, 4)]
         st.mark_segment_start(c - 1)
         for v in self.values(2):
             st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(3, 4), (c - 1, 0)]
+        assert st.get_segments() == [(1, 1), (2, 2), (3, 4), (c - 1, 0)]
 
     def test_empty_segment_is_not_recorded(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
@@ -759,9 +765,9 @@ class StorageConformance:
             for k, v in enumerate(contents[id(w)]):
                 model[(start + k) % c] = v
         self.assert_rows(st, model)
-        assert st.get_segments() == [(c - 1, 0), (1, 2), (3, 4)]
+        assert st.get_segments() == [(1, 2), (3, 4), (c - 1, 0)]   # position order
 
-    def test_writer_commit_overlapping_drops_older_segment(self, tmp_path: Any) -> None:
+    def test_writer_commit_overlapping_clips_older_segment(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
         w1, w2 = st.open_segment_writer(), st.open_segment_writer()
         a = self.values(3)
@@ -773,7 +779,7 @@ class StorageConformance:
         w1.commit(0)
         assert st.get_segments() == [(0, 2)]
         w2.commit(2)
-        assert st.get_segments() == [(2, 3)]
+        assert st.get_segments() == [(0, 1), (2, 3)]
         self.assert_equal(st.get(0), a[0])
         self.assert_equal(st.get(1), a[1])
         self.assert_equal(st.get(2), b[0])
@@ -1133,11 +1139,43 @@ class StorageConformance:
     def test_rejects_value_outside_int_dtype_range(self, tmp_path: Any) -> None:
         self._check_rejected(tmp_path, "out of the int dtype's range")
 
-    def test_rejects_out_of_bounds(self, tmp_path: Any) -> None:
-        self._check_rejected(tmp_path, "out of bounds")
+    def test_rejects_out_of_bounds_when_bounds_warnings_are_errors(self, tmp_path: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BoundsWarning)
+            self._check_rejected(tmp_path, "out of bounds")
 
-    def test_rejects_nan_in_bounded_float_leaf(self, tmp_path: Any) -> None:
-        self._check_rejected(tmp_path, "NaN into bounded float leaf")
+    def test_rejects_nan_in_bounded_float_leaf_when_bounds_warnings_are_errors(self, tmp_path: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BoundsWarning)
+            self._check_rejected(tmp_path, "NaN into bounded float leaf")
+
+    @pytest.mark.parametrize("category", ["out of bounds", "NaN into bounded float leaf"])
+    def test_stores_out_of_bounds_with_one_bounds_warning(self, tmp_path: Any, category: str) -> None:
+        """The default policy: a value outside the declared bounds is stored as given, with a BoundsWarning
+        naming the key, once per key and storage."""
+        st, _ = self.filled(tmp_path)
+        valid = self.values(1)[0]
+        cases = [(d, bad) for cat, d, bad in self._invalid_values(valid) if cat == category]
+        if not cases:
+            pytest.skip(f"the space has no leaf where '{category}' applies")
+        if not self.stores_out_of_bounds:
+            for desc, bad in cases:
+                expect_error(VALUE_ERRORS, st.set, 0, bad)
+            return
+        for i, (desc, bad) in enumerate(cases):
+            with warnings.catch_warnings(record=True) as first:
+                warnings.simplefilter("always")
+                st.set(0, bad)
+            with warnings.catch_warnings(record=True) as again:
+                warnings.simplefilter("always")
+                st.set(1, bad)
+            n1 = sum(issubclass(w.category, BoundsWarning) for w in first)
+            n2 = sum(issubclass(w.category, BoundsWarning) for w in again)
+            # one per storage that checks the key (a FlattenedStorage and the storage under it: up to two)
+            assert i > 0 or n1 >= 1, f"{desc}: no BoundsWarning"
+            assert n2 == 0, f"{desc}: the same key warned again"
+            self.assert_equal(st.get(0), bad)
+            self.assert_equal(st.get(1), bad)
 
     def test_rejects_int_not_representable_in_float_leaf(self, tmp_path: Any) -> None:
         self._check_rejected(tmp_path, "int not representable in the float leaf")

@@ -234,13 +234,13 @@ def test_segment_cache_follows_changes_and_segments_version() -> None:
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 @pytest.mark.parametrize("pre,post", [(3, 0), (0, 4), (2, 2), (5, 5)])
 def test_frame_stack_matches_oracle_across_wrap(backend: str, pre: int, post: int) -> None:
-    # 7 + 3 + 9 + 5 + 6 = 30 rows into capacity 17: the ring wraps, the oldest kept episode is cut (a remnant),
-    # and an open episode sits at the tail.
+    # 7 + 3 + 9 + 5 + 6 = 30 rows into capacity 17: the ring wraps, the oldest kept episode is cut (recorded with
+    # the rows it keeps, as unienv 0.0.1b16 clips it), and an open episode sits at the tail.
     rec = Recorded(backend, 17, [7, 3, 9, 5, 6], open_tail=2)
     rb = rec.rb
     assert rb.offset != 0, "the ring must have wrapped for this test"
     segs = rb.get_segments()
-    assert segs and segs[0][0] > 0, "expected a remnant before the first recorded segment"
+    assert segs and segs[0][0] == 0 and rec.ts[0] > 0, "expected the oldest episode clipped to its last steps"
     view = FrameStackedBatch(rb, pre, post)
     assert len(view) == len(rb)
     check_windows(rec, view, np.arange(len(rb)))
@@ -315,17 +315,18 @@ def test_extend_only_buffer_is_one_segment() -> None:
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 def test_open_episode_is_its_own_segment(backend: str) -> None:
-    # the episode being appended overwrote row 0 of the only recorded episode: what is left of that episode (a
-    # remnant, no longer recorded) and the open episode sit side by side, and must not be joined
+    # the episode being appended overwrote row 0 of the only recorded episode: what is left of that episode
+    # (clipped to its last three rows) and the open episode sit side by side, and must not be joined
     rec = Recorded(backend, 4, [4], open_tail=1)
-    assert rec.rb.get_segments() == []
+    assert rec.rb.get_segments() == [(0, 3)]
     view = FrameStackedBatch(rec.rb, 1, 1)
     np.testing.assert_array_equal(view.valid_mask_at(np.array([2, 3])), [[True, True, False], [False, True, False]])
     check_windows(rec, view, np.arange(4))
 
 
 def test_unrecorded_single_policy_isolates_unrecorded_frames() -> None:
-    rec = Recorded("numpy", 10, [4, 3, 5])          # a 2-row remnant at the head
+    rec = Recorded("numpy", 10, [4, 3, 5])          # the first episode clipped to 2 rows at the head ...
+    rec.rb.storage.forget_segments(rec.rb.offset, 2)  # ... made rows of no segment (as extend-written rows are)
     segs = rec.rb.get_segments()
     assert segs[0][0] == 2
     run = FrameStackedBatch(rec.rb, 1, 1)

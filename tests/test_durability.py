@@ -174,6 +174,51 @@ def test_bulk_turns_per_episode_persistence_off_and_persists_once_at_the_end(tmp
     rb.close()
 
 
+@pytest.mark.parametrize("maintain", [True, False])
+def test_a_wrapping_durable_ring_lists_only_intact_episodes_at_every_step(tmp_path: Any, maintain: bool) -> None:
+    """Per-episode durability + ring clipping (+ the buffer's own segment list): a copy of the directory taken after
+    any append or episode end (what a SIGKILL leaves) reopens with every listed segment holding one episode's
+    consecutive steps, and each per-episode write leaves `_disk_meta` equal to the metadata.json on disk."""
+    import json
+    import shutil
+    path = str(tmp_path / "rb")
+    space = DictSpace(NB, {"step": BoxSpace(NB, 0, 1000, np.float32, shape=(2,))})
+    rb = ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, cache_path=path, capacity=16,
+                             maintain_segment_metadata=maintain)
+
+    def check_copy(k: int) -> int:
+        snap = str(tmp_path / f"snap{k}")
+        shutil.copytree(path, snap)
+        back = ReplayBuffer.load_from(snap, backend=NB)
+        rows = back.get_at(np.arange(len(back)))["step"] if len(back) else np.zeros((0, 2), np.float32)
+        segs = back.get_segments() or []
+        for s, e in segs:
+            ep, t = rows[s:e, 0], rows[s:e, 1]
+            assert (ep == ep[0]).all() and (np.diff(t) == 1).all(), (k, s, e, rows[s:e].tolist())
+        back.close()
+        shutil.rmtree(snap)
+        return len(segs)
+
+    k = listed = 0
+    for e, n in enumerate([3, 5, 2, 7, 1, 4, 6, 3, 5, 2, 4, 7]):    # 49 steps through a ring of 16
+        for t in range(n):
+            rb.append({"step": np.array([e, t], np.float32)})
+            k += 1
+            check_copy(k)
+        rb.mark_segment_end()
+        with open(os.path.join(path, "metadata.json")) as f:
+            assert json.load(f) == rb._disk_meta
+        k += 1
+        listed = check_copy(k)
+    assert rb.offset != 0 and listed >= 3      # the ring wrapped and ended episodes stayed listed
+    rb.close()
+    before = os.stat(os.path.join(path, "metadata.json")).st_mtime_ns
+    ro = ReplayBuffer.load_from(path, backend=NB)
+    assert ro._disk_meta is None
+    ro.close()
+    assert os.stat(os.path.join(path, "metadata.json")).st_mtime_ns == before    # a read-only load never writes
+
+
 def test_with_block_commits_an_open_episode_on_a_normal_exit(tmp_path: Any) -> None:
     path = str(tmp_path / "rb")
     space = _space()

@@ -17,6 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# values outside declared bounds are stored with a BoundsWarning by default; this file's refusal checks run in
+# the refusal mode (the warning as an error), where they are refused like every other bad value
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
+
 from unienv_data.base.errors import StorageClosedError  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage, FlattenPromotionWarning  # noqa: E402
 from unienv_data.storages.numpy_memmap import NumpyMemmapStorage  # noqa: E402

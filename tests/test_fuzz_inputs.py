@@ -39,6 +39,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# values outside declared bounds are stored with a BoundsWarning by default; this file's refusal checks run in
+# the refusal mode (the warning as an error), where they are refused like every other bad value
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
+from unienv_data.base.errors import BoundsWarning  # noqa: E402
+
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as hs  # noqa: E402
 
@@ -105,6 +110,7 @@ def attempt(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tup
     try:
         with time_limit(HANG_S), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            warnings.simplefilter("error", BoundsWarning)   # the refusal mode: out-of-bounds values are malformed
             return True, fn(*args, **kwargs)
     except Hang:
         raise AssertionError(f"{what}: hung for {HANG_S} s") from None

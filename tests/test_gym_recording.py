@@ -14,6 +14,7 @@ from _third_party import require_module
 
 gym = require_module("gymnasium", "gym")
 
+from unienv_data.base.errors import BoundsWarning  # noqa: E402
 from unienv_data.replay_buffer import ReplayBuffer, ReplayBufferCollectionWrapper  # noqa: E402
 from unienv_data.replay_buffer.collection_wrapper import CANONICAL_KEYS  # noqa: E402
 from unienv_data.storages.dict_storage import DictStorage  # noqa: E402
@@ -209,17 +210,16 @@ class _OutOfBounds(gym.Env):
         return np.array([-7.0, 0.25], np.float32), 1.0, self.t >= 2, False, {}
 
 
-@pytest.mark.xfail(raises=ValueError, strict=False,
-                   reason="storages still refuse values outside a Box's bounds; the bounds policy (store + "
-                          "BoundsWarning) lands separately, then this passes")
 def test_observations_outside_their_bounds_are_recorded() -> None:
+    """The bounds policy: values outside the declared Box are stored as given, with a BoundsWarning."""
     env = FromGymnasiumEnv(_OutOfBounds())
     space = DictSpace(NB, {"obs": env.observation_space, "next_obs": env.observation_space})
     buffer = ReplayBuffer.create(DictStorage, space, capacity=4, **native_layout_kwargs(space))
     wrapper = ReplayBufferCollectionWrapper(env, buffer)
     wrapper.reset(seed=0)
-    wrapper.step(np.int64(0))
-    wrapper.step(np.int64(1))
+    with pytest.warns(BoundsWarning):
+        wrapper.step(np.int64(0))
+        wrapper.step(np.int64(1))
     got = buffer.get_at(np.arange(2))
     assert got["obs"].tolist() == [[0.5, 5.0], [-7.0, 0.25]]
     assert got["next_obs"].tolist() == [[-7.0, 0.25], [-7.0, 0.25]]

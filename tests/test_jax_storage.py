@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
 import pytest
+
+from unienv_data.base.errors import BoundsWarning
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -86,9 +89,11 @@ def test_jax_writes_are_checked_like_any_other(tmp_path: Path) -> None:
     st = create_native_storage(jax_space(), capacity=4)
     st.mark_segment_start(0)
     bad = as_jax(episode(1, 1), 0)
-    bad["action"] = jnp.array([0.5, 3.0], jnp.float32)  # outside [-1, 1]
-    with pytest.raises(ValueError, match="action"):
-        st.append(bad)
+    bad["action"] = jnp.array([0.5, 3.0], jnp.float32)  # outside [-1, 1]: refused in the refusal mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        with pytest.raises(ValueError, match="action"):
+            st.append(bad)
     bad = as_jax(episode(1, 1), 0)
     bad["obs"] = jnp.zeros((2, 2), jnp.float32)  # same element count, wrong shape
     with pytest.raises(ValueError, match="obs"):

@@ -315,9 +315,9 @@ class TestSegmentsAcrossChildren:
         w2.append(vals[4])
         w2.commit(2)
         w1.commit(1)
-        assert st.get_segments() == [(4, 0), (2, 2), (1, 1)]
+        assert st.get_segments() == [(1, 1), (2, 2), (4, 0)]   # position order
         for key, child in st.storages.items():
-            assert child.get_segments() == [(4, 0), (2, 2), (1, 1)], key
+            assert child.get_segments() == [(1, 1), (2, 2), (4, 0)], key
         assert_tree_equal(st.get(np.array([4, 5, 0, 1, 2])), stack_tree(vals[:3] + [vals[3], vals[4]]))
 
     def test_growable_appends_grow_every_child(self, tmp_path: Any) -> None:
@@ -370,7 +370,11 @@ class TestPersistenceAndSize:
         assert on_disk == cap * native, (on_disk, cap * native)
         meta_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(path) for f in fs
                          if f.endswith(".json"))
-        assert on_disk + meta_bytes <= 1.05 * cap * native
+        # the metadata does not grow with the rows: a few copies of the space (whose Box bounds are written in
+        # full shape, as unienv 0.0.1b16 reads them) plus the layout
+        from unienv_interface.space.space_utils.serialization_utils import space_to_json
+        space_json = len(json.dumps(space_to_json(sp)))
+        assert meta_bytes <= 2 * space_json + 8192, (meta_bytes, space_json)
         st.close()
 
     def test_replay_buffer_over_the_native_layout(self, tmp_path: Any) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import warnings
 from typing import Any, Dict, List
 
 import numpy as np
 import pytest
+
+from unienv_data.base.errors import BoundsWarning
 
 from unienv_interface.backends import NumpyComputeBackend as B
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
@@ -159,9 +162,11 @@ def test_bad_input_is_refused_at_the_client(service: Any) -> None:
         builder.append({**good, "img": "not an image"})
     assert len(builder) == 0                                             # refused steps add nothing
     builder.append({**good, "act": np.array([1, 2], np.int64)})          # lossless casts pass
-    builder.append({**good, "act": np.array([101, 0], np.int16)})        # out of bounds: caught at the end
-    with pytest.raises(ValueError, match="'act'.*101.*outside"):
-        builder.end_episode()
+    builder.append({**good, "act": np.array([101, 0], np.int16)})        # out of bounds: caught at the end,
+    with warnings.catch_warnings():                                      # refused in the refusal mode
+        warnings.simplefilter("error", BoundsWarning)
+        with pytest.raises(ValueError, match="'act'.*101.*outside"):
+            builder.end_episode()
     builder.abort_episode()
     with pytest.raises(ValueError, match="no steps"):
         builder.end_episode()
@@ -293,9 +298,9 @@ def test_flat_storage_and_reconnect_by_name(ray_cluster: Any, tmp_path: Any) -> 
                                   timeout_s=TIMEOUT)
     try:
         other = connect_buffer_service("svc-flat-test", timeout_s=TIMEOUT)
-        for i in range(4):                                      # 4 x 3 rows into a ring of 10: the first one goes
-            other.commit({"obs": np.full((3, 3), i / 10, np.float32), "rew": np.zeros(3, np.float32)})
-        assert len(client) == 10 and client.segments() == [(1, 4), (4, 7), (7, 10)]
+        for i in range(4):                                      # 4 x 3 rows into a ring of 10: the first one is
+            other.commit({"obs": np.full((3, 3), i / 10, np.float32), "rew": np.zeros(3, np.float32)})   # clipped
+        assert len(client) == 10 and client.segments() == [(0, 1), (1, 4), (4, 7), (7, 10)]
         assert client.read(1, 2)["obs"][0, 0] == np.float32(0.1)
     finally:
         assert client.shutdown() == 10

@@ -60,9 +60,11 @@ def test_direct_round_trip_is_byte_identical(ray_cluster: Any, tmp_path: Any) ->
             out = ray.get(collect.remote(client, transport, lengths), timeout=TIMEOUT)
             assert out == {"transport": transport, "rows": sum(lengths)}
             got = _by_episode(client)
-            assert sorted(got) == [2, 3, 4, 5, 6]           # the first two were overwritten by the wrap
-            for eid, rows in got.items():
-                assert_same(rows, episode(eid, lengths[eid]))
+            assert sorted(got) == [1, 2, 3, 4, 5, 6]        # the wrap overwrote episode 0 and clipped episode 1
+            for eid, rows in got.items():                   # (its last rows stay listed, as in unienv 0.0.1b16)
+                n = len(rows["obs"])
+                assert_same(rows, {k: v[len(v) - n:] for k, v in episode(eid, lengths[eid]).items()})
+                assert eid == 1 or n == lengths[eid]
             info = client.info()
             assert info["pending_reservations"] == 0 and info["abandoned_rows"] == 0
             assert len(client) == 400
@@ -174,8 +176,9 @@ def test_the_ring_waits_for_rows_a_live_collector_holds(tmp_path: Any) -> None:
         assert done.wait(TIMEOUT) and not errors
         thread.join()
         got = _episodes(actor)
-        assert sorted(got) == [1] and actor.length() == 10             # episode 0 lost its first rows: dropped
+        assert sorted(got) == [0, 1] and actor.length() == 10          # episode 0 lost its first rows: clipped
         assert_same(got[1], episode(1, 6))
+        assert_same(got[0], {k: v[6 - len(got[0]["obs"]):] for k, v in episode(0, 6).items()})
 
         inc, [(token, start)] = actor.reserve([4], sleeper.pid)
         sleeper.kill()
@@ -187,7 +190,9 @@ def test_the_ring_waits_for_rows_a_live_collector_holds(tmp_path: Any) -> None:
             actor.commit_reserved(inc, [token])                        # too late: nothing lands
         with pytest.raises(ValueError, match="unknown"):
             actor.commit_reserved("another incarnation", [token])
-        assert sorted(_episodes(actor)) == [2]
+        got = _episodes(actor)
+        assert sorted(got) == [1, 2]                                   # episode 1 keeps its last rows (clipped)
+        assert_same(got[1], {k: v[6 - len(got[1]["obs"]):] for k, v in episode(1, 6).items()})
     finally:
         sleeper.kill()
         sleeper.wait(TIMEOUT)

@@ -18,6 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# values outside declared bounds are stored with a BoundsWarning by default; this file's refusal checks run in
+# the refusal mode (the warning as an error), where they are refused like every other bad value
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
+
 from unienv_data.base.errors import StorageFormatError, StorageStateError  # noqa: E402
 from unienv_data.replay_buffer import ReplayBuffer  # noqa: E402
 from unienv_data.samplers import StepSampler  # noqa: E402
@@ -123,9 +127,11 @@ class Config:
         return self._reopen(rb, os.path.join(os.fspath(tmp_path), "rb"), read_only)
 
 
-def _torch_memmap_create(d: str, cap: Optional[int], overwrite: bool = False) -> ReplayBuffer:
+def _torch_memmap_create(d: str, cap: Optional[int], maintain: bool = False,
+                         overwrite: bool = False) -> ReplayBuffer:
     return ReplayBuffer.create(FlattenedStorage, make_space(TB), inner_storage_cls=PytorchTensorStorage,
-                               cache_path=d, capacity=cap, is_memmap=True, overwrite=overwrite)
+                               cache_path=d, capacity=cap, is_memmap=True, maintain_segment_metadata=maintain,
+                               overwrite=overwrite)
 
 
 def _torch_memmap_reopen(rb: ReplayBuffer, d: str, read_only: bool) -> ReplayBuffer:
@@ -209,7 +215,7 @@ def test_round_trip_every_config(cfg: Config, tmp_path: Any) -> None:
     if cap is not None and len(ids) > cap:
         k = len(ids) - cap
         ids = ids[k:]
-        segs = [(s - k, e - k) for s, e in segs if s - k >= 0]
+        segs = [(max(s - k, 0), e - k) for s, e in segs if e - k > 0]   # the oldest episode is clipped
     assert_buffer(rb, ids, segs)
 
     rb = cfg.reopen(rb, tmp_path, read_only=True)
@@ -518,21 +524,21 @@ def test_segments_stay_right_after_the_ring_wraps(tmp_path: Any) -> None:
     commit_episode(rb, [1, 2, 3])          # A
     write_episode(rb, [4, 5, 6])           # B
     assert_buffer(rb, [1, 2, 3, 4, 5, 6], [(0, 3), (3, 6)])
-    commit_episode(rb, [7, 8, 9])          # C: overwrites A's first two rows, so A disappears
-    assert_buffer(rb, [3, 4, 5, 6, 7, 8, 9], [(1, 4), (4, 7)])
-    rb.extend(batch([10, 11]))             # overwrites 3 (no segment) and 4 (B)
-    assert_buffer(rb, [5, 6, 7, 8, 9, 10, 11], [(2, 5)])
-    write_episode(rb, [12, 13, 14, 15])    # D, append-built across the physical end: C goes
-    assert_buffer(rb, [9, 10, 11, 12, 13, 14, 15], [(3, 7)])
+    commit_episode(rb, [7, 8, 9])          # C: overwrites A's first two rows, so A is clipped to its last
+    assert_buffer(rb, [3, 4, 5, 6, 7, 8, 9], [(0, 1), (1, 4), (4, 7)])
+    rb.extend(batch([10, 11]))             # overwrites 3 (the rest of A) and 4 (B's first row)
+    assert_buffer(rb, [5, 6, 7, 8, 9, 10, 11], [(0, 2), (2, 5)])
+    write_episode(rb, [12, 13, 14, 15])    # D, append-built across the physical end: B goes, C keeps its last
+    assert_buffer(rb, [9, 10, 11, 12, 13, 14, 15], [(0, 1), (3, 7)])
     commit_episode(rb, [16, 17, 18, 19, 20, 21, 22])  # E fills the whole ring
     assert_buffer(rb, [16, 17, 18, 19, 20, 21, 22], [(0, 7)])
     commit_episode(rb, [23])
-    assert_buffer(rb, [17, 18, 19, 20, 21, 22, 23], [(6, 7)])
+    assert_buffer(rb, [17, 18, 19, 20, 21, 22, 23], [(0, 6), (6, 7)])
     # the same after a reopen
     rb.dumps()
     rb.close()
     rb2 = ReplayBuffer.load_from(tmp_path / "r", backend=TB, is_memmap=True)
-    assert_buffer(rb2, [17, 18, 19, 20, 21, 22, 23], [(6, 7)])
+    assert_buffer(rb2, [17, 18, 19, 20, 21, 22, 23], [(0, 6), (6, 7)])
     rb2.close()
 
 
@@ -773,7 +779,7 @@ def test_static_helpers(tmp_path: Any) -> None:
 def _saved(tmp_path: Any, capacity: Optional[int] = 4) -> str:
     """A dumped buffer: three committed episodes, wrapped when capacity is 4."""
     d = os.fspath(tmp_path / "saved")
-    rb = _torch_memmap_create(d, capacity)
+    rb = _torch_memmap_create(d, capacity, maintain=True)
     commit_episode(rb, [1, 2])
     commit_episode(rb, [3])
     write_episode(rb, [4, 5])
@@ -951,7 +957,7 @@ def test_given_space_that_differs_is_rejected(tmp_path: Any) -> None:
             ReplayBuffer.load_from(d, backend=TB, is_memmap=True, single_instance_space=other)
         assert "space" in str(info.value)
     rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
-    assert_buffer(rb, [2, 3, 4, 5], [(1, 2), (2, 4)])  # the damage attempts changed nothing
+    assert_buffer(rb, [2, 3, 4, 5], [(0, 1), (1, 2), (2, 4)])  # the damage attempts changed nothing
     rb.close()
 
 
@@ -961,7 +967,7 @@ def test_valid_metadata_edits_still_load(tmp_path: Any) -> None:
     d = _saved(tmp_path)
     meta = _read_meta(d)
     rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
-    assert_buffer(rb, [2, 3, 4, 5], [(1, 2), (2, 4)])
+    assert_buffer(rb, [2, 3, 4, 5], [(0, 1), (1, 2), (2, 4)])
     rb.close()
     ref = dict(meta)
     ref.pop("format_version", None)
@@ -978,7 +984,7 @@ def test_segments_kept_only_in_metadata_json_are_loaded(tmp_path: Any) -> None:
     physical pairs); the storage below has no segment record. Loading must not drop them."""
     d = _saved(tmp_path)  # capacity 4, offset 1: logical [2, 3, 4, 5], episodes [3] and [4, 5]
     meta = _read_meta(d)
-    assert meta["offset"] == 1 and meta["physical_segments"] == [[2, 2], [3, 0]]
+    assert meta["offset"] == 1 and meta["physical_segments"] == [[1, 1], [2, 2], [3, 0]]
     # the reference layout: no format_version, a bare flattened_metadata.json, no sidecar next to the raw rows
     ref = {k: v for k, v in meta.items() if k not in ("format_version", "maintain_segment_metadata")}
     _write_meta(d, ref)
@@ -990,7 +996,7 @@ def test_segments_kept_only_in_metadata_json_are_loaded(tmp_path: Any) -> None:
     rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
     try:
         assert all_ids(rb) == [2, 3, 4, 5]
-        assert rb.get_segments() == [(1, 2), (2, 4)]
+        assert rb.get_segments() == [(0, 1), (1, 2), (2, 4)]
     finally:
         rb.close()
 
@@ -998,7 +1004,7 @@ def test_segments_kept_only_in_metadata_json_are_loaded(tmp_path: Any) -> None:
 def test_segments_over_rows_never_written_are_rejected(tmp_path: Any) -> None:
     """A ring of 6 holding 2 rows (physical 0, 1): a segment on physical rows 3..4 describes nothing stored."""
     d = os.fspath(tmp_path / "short")
-    rb = _torch_memmap_create(d, 6)
+    rb = _torch_memmap_create(d, 6, maintain=True)
     write_episode(rb, [1, 2])
     rb.dumps()
     rb.close()

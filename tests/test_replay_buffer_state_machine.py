@@ -5,10 +5,14 @@ The model is plain Python, in logical terms only (index 0 = oldest sample):
 * `rows`: the ids of the stored samples, oldest first. Adding `k` samples appends them; a ring of capacity `C`
   then drops the oldest `len(rows) - C` ids from the front (those physical rows were overwritten).
 * `segments`: recorded episodes as logical half-open `(start, end)` ranges. When `d` ids are dropped from the
-  front every range shifts by `-d`, and a range that would start below 0 lost a row and is gone.
+  front every range shifts by `-d`, and a range that would start below 0 lost rows and is clipped to the rows
+  left (gone when none is left), as in unienv 0.0.1b16. With `maintain_segment_metadata=True` (the maintained
+  machine) every `extend` batch is a segment too.
 * an open append-built episode (`open_start`, `open_len`): its rows count in `len()` at once (single process),
   it is recorded by `mark_segment_end()`; while it is open `extend` and `commit_segment` raise an error that says
-  to call `mark_segment_end`. It can never exceed the capacity (the next append raises ValueError).
+  to call `mark_segment_end`. An episode longer than the ring keeps its newest `capacity` rows (the maintained
+  machine appends past the capacity; the other ends its episode there, since the storage's own log then records
+  the ring-long part and the rest as two segments, as the reference's storages do).
 * segment writers: a list of ids each; `commit_segment` places the episode at the tail at commit time.
 
 Every sample is `{"id": int32, "v": float32[2]}` with `v` a function of `id`, so the whole buffer is checked
@@ -68,8 +72,9 @@ def read_ids(data: dict) -> List[int]:
 
 
 class BufferModel:
-    def __init__(self, capacity: Optional[int]) -> None:
+    def __init__(self, capacity: Optional[int], maintain: bool = False) -> None:
         self.capacity = capacity
+        self.maintain = maintain
         self.rows: List[int] = []
         self.segments: List[Tuple[int, int]] = []
         self.open_start: Optional[int] = None
@@ -80,10 +85,12 @@ class BufferModel:
         if self.capacity is not None and len(self.rows) > self.capacity:
             d = len(self.rows) - self.capacity
             self.rows = self.rows[d:]
-            self.segments = [(s - d, e - d) for s, e in self.segments if s - d >= 0]
+            self.segments = [(max(s - d, 0), e - d) for s, e in self.segments if e - d > 0]
             if self.open_start is not None:
                 self.open_start -= d
-                assert self.open_start >= 0, "model: the open episode lost its first row"
+                if self.open_start < 0:         # the open episode keeps its newest rows
+                    self.open_len += self.open_start
+                    self.open_start = 0
 
     def begin_or_continue(self) -> None:
         if self.open_start is None:
@@ -101,6 +108,7 @@ class BufferModel:
 
 class _ReplayBufferMachine(RuleBasedStateMachine):
     capacity: Optional[int] = CAPACITY
+    maintain = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,8 +116,9 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
         self.dirs = [os.path.join(self.tmp, "a"), os.path.join(self.tmp, "b")]
         self.dir_idx = 0
         self.rb = ReplayBuffer.create(FlattenedStorage, SPACE, inner_storage_cls=PytorchTensorStorage,
-                                      cache_path=self.dirs[0], capacity=self.capacity, is_memmap=True)
-        self.model = BufferModel(self.capacity)
+                                      cache_path=self.dirs[0], capacity=self.capacity, is_memmap=True,
+                                      maintain_segment_metadata=self.maintain)
+        self.model = BufferModel(self.capacity, self.maintain)
         self.writers: List[Tuple[Any, List[int]]] = []
         self.stale_writers: List[Any] = []
         self.next_id = 1
@@ -135,12 +144,9 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4), end=st.booleans())
     def append(self, n: int, end: bool) -> None:
         for i in self.fresh_ids(n):
-            if self.capacity is not None and self.model.open_len == self.capacity:
-                before = self.snapshot()
-                with pytest.raises(ValueError):
-                    self.rb.append(single(i))
-                assert self.snapshot() == before
-                break
+            if self.capacity is not None and self.model.open_len == self.capacity and not self.maintain:
+                self.rb.mark_segment_end()
+                self.model.end_episode()
             self.rb.append(single(i))
             self.model.begin_or_continue()
             self.model.open_len += 1
@@ -170,6 +176,10 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
             return
         self.rb.extend(batch(ids))
         self.model.add(ids)
+        if self.maintain:       # every extended batch is a segment (its newest rows when longer than the ring)
+            kept = len(ids) if self.capacity is None else min(len(ids), self.capacity)
+            end = len(self.model.rows)
+            self.model.segments.append((end - kept, end))
 
     @precondition(lambda self: len(self.writers) < MAX_WRITERS)
     @rule()
@@ -190,7 +200,7 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
     def commit(self, which: int) -> None:
         k = which % len(self.writers)
         w, ids = self.writers[k]
-        if self.model.open_start is not None:
+        if self.model.open_start is not None and ids:   # an empty writer places nothing, even then (the reference)
             before = self.snapshot()
             with pytest.raises(RuntimeError, match="mark_segment_end"):
                 self.rb.commit_segment(w)
@@ -304,7 +314,15 @@ class GrowableReplayBufferMachine(_ReplayBufferMachine):
     capacity = None
 
 
+class MaintainedFixedReplayBufferMachine(_ReplayBufferMachine):
+    """`maintain_segment_metadata=True`: the buffer's own segment list, the reference's semantics."""
+    capacity = CAPACITY
+    maintain = True
+
+
 TestFixedReplayBuffer = FixedReplayBufferMachine.TestCase
 TestFixedReplayBuffer.settings = MACHINE_SETTINGS
 TestGrowableReplayBuffer = GrowableReplayBufferMachine.TestCase
 TestGrowableReplayBuffer.settings = settings(MACHINE_SETTINGS, max_examples=80)
+TestMaintainedFixedReplayBuffer = MaintainedFixedReplayBufferMachine.TestCase
+TestMaintainedFixedReplayBuffer.settings = settings(MACHINE_SETTINGS, max_examples=100)

@@ -124,7 +124,8 @@ def test_slice_sampler_errors_seeds_and_epochs() -> None:
 
 
 def test_slice_sampler_recorded_only_and_device() -> None:
-    rec = Recorded("torch", 12, [5, 6, 4])                 # the first episode is partly overwritten
+    rec = Recorded("torch", 12, [5, 6, 4])                 # the first episode is partly overwritten (clipped) ...
+    rec.rb.storage.forget_segments(rec.rb.offset, 3)      # ... and its rows made rows of no segment
     first_recorded = rec.rb.get_segments()[0][0]
     assert first_recorded > 0
     only = SliceSampler(rec.rb, 32, 2, seed=0, include_unrecorded=False)
@@ -485,7 +486,7 @@ def test_segment_cache_is_not_fooled_by_a_clear_that_restores_the_counters() -> 
         episode(rb, 2, 5)
         episode(rb, 3, 5)
         for _ in range(k):
-            rb.commit_segment(rb.open_segment_writer())   # empty commits
+            rb._state.version += 1    # what an empty commit did before empty commits became no-ops (the reference's)
         return rb, sampler, before, old_sum(rb)
 
     _, _, a1, a2 = scenario(cap, 0, False)

@@ -969,7 +969,9 @@ class TestSerialization:
         assert js["metadata"] == {"source": "sim"}
         box = js["spaces"]["b"]
         assert box["type"] == "BoxSpace" and box["shape"] == [2] and box["dtype"] == "float32"
-        assert box["low"] == 0.0 and box["high"] == [1.0, float("inf")]  # abbreviated bounds
+        assert box["low"] == [0.0, 0.0] and box["high"] == [1.0, float("inf")]  # full-shape bounds (the reference's)
+        scalar_form = dict(box, low=0.0)          # the abbreviated form earlier versions wrote still reads
+        assert su.json_to_space(scalar_form, sp.backend) == sp.spaces["b"]
         assert js["spaces"]["a"] == {"type": "TextSpace", "min_length": 1, "max_length": 3, "charset": "xy"}
         assert js["spaces"]["t"]["type"] == "TupleSpace" and isinstance(js["spaces"]["t"]["spaces"], list)
         text = json.dumps(js)

@@ -4,11 +4,15 @@ Each machine drives one storage through random sequences of writes, append-built
 clears, bad inputs and dump / close / reopen cycles, and after every step compares it with a plain-Python model:
 
 * rows: a list of `(a, b, c)` tuples (a: float32[3] in [-1, 1], b: int in [-100, 100], c: bool);
-* segments: a list of `(start, length)` runs, oldest first. Recording a segment drops every older segment that
-  shares a row with it. While an append-built segment is open, each appended row also drops the recorded
-  segments that contain that row (those rows no longer hold what the segment says; the storage documents this
-  in `SpaceStorage._free_rows_from`). `set` never touches segments. `get_segments()` reports the runs as inclusive
-  physical `(start, end)` pairs with `end = (start + length - 1) % capacity` (no modulo when growable).
+* segments: a list of `(start, length)` runs, oldest first. Recording a segment clips every older segment that
+  shares rows with it to its other rows (one or two runs; none left: gone), as unienv 0.0.1b16 does. While an
+  append-built segment is open, each appended row is cut out of the recorded segments the same way (those rows
+  no longer hold what the segment says; see `SpaceStorage._free_rows_from`). `set` never touches segments.
+  `get_segments()` reports the runs as inclusive physical `(start, end)` pairs with
+  `end = (start + length - 1) % capacity` (no modulo when growable), in position order.
+
+Values outside the declared bounds are stored with a `BoundsWarning` by default; these machines run with that
+warning turned into an error (the refusal mode), so out-of-bounds values are among the bad inputs.
 
 The fixed-capacity machine uses a ring of 7 rows; the growable one (`capacity=None`) also extends and shrinks.
 """
@@ -32,6 +36,8 @@ from unienv_data.storages.flattened import FlattenedStorage  # noqa: E402
 from unienv_data.storages.pytorch import PytorchTensorStorage  # noqa: E402
 from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB  # noqa: E402
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
 
 CAPACITY = 7
 MAX_GROW_LEN = 18
@@ -209,14 +215,31 @@ class StorageModel:
             self.rows.append(ZERO_ROW)
         self.rows[p] = row
 
+    def clip(self, seg: Tuple[int, int], victims: set) -> List[Tuple[int, int]]:
+        """The runs left of `seg` once the rows `victims` are overwritten, in ring order."""
+        out: List[Tuple[int, int]] = []
+        run: Optional[List[int]] = None
+        for i in range(seg[1]):
+            p = self.pos(seg[0], i)
+            if p in victims:
+                run = None
+            elif run is None:
+                run = [p, 1]
+                out.append(run)  # type: ignore[arg-type]
+            else:
+                run[1] += 1
+        return [(int(a), int(b)) for a, b in out]
+
+    def cut(self, victims: set) -> None:
+        self.segments = [r for s in self.segments for r in self.clip(s, victims)]
+
     def drop_containing(self, p: int) -> None:
-        self.segments = [s for s in self.segments if p not in self.cells(*s)]
+        self.cut({p})
 
     def record(self, start: int, length: int) -> None:
         if length <= 0:
             return
-        new = self.cells(start, length)
-        self.segments = [s for s in self.segments if not (self.cells(*s) & new)]
+        self.cut(self.cells(start, length))
         self.segments.append((start, length))
 
     def append_open(self, row: Row) -> None:
@@ -245,7 +268,7 @@ class StorageModel:
             self.open = None
 
     def expected_segments(self) -> List[Tuple[int, int]]:
-        return [(s, self.pos(s, n - 1)) for s, n in self.segments]
+        return sorted((s, self.pos(s, n - 1)) for s, n in self.segments)
 
 
 # ----------------------------------------------------------------------------------------------- machines
@@ -712,9 +735,11 @@ def test_model_examples() -> None:
     m.record(5, 3)                      # rows 5, 6, 0
     assert m.expected_segments() == [(5, 0)]
     m.record(1, 2)                      # rows 1, 2: no overlap
-    assert m.expected_segments() == [(5, 0), (1, 2)]
-    m.record(0, 1)                      # row 0 overlaps the wrapping segment
-    assert m.expected_segments() == [(1, 2), (0, 0)]
+    assert m.expected_segments() == [(1, 2), (5, 0)]   # position order
+    m.record(0, 1)                      # row 0 clips the wrapping segment to rows 5, 6
+    assert m.expected_segments() == [(0, 0), (1, 2), (5, 6)]
+    m.record(6, 1)                      # row 6 clips it to row 5
+    assert m.expected_segments() == [(0, 0), (1, 2), (5, 5), (6, 6)]
     m.record(0, 7)                      # the whole ring
     assert m.expected_segments() == [(0, 6)]
     g = StorageModel(None)

@@ -71,6 +71,8 @@ def _create(space: Space, inner_cls: Any, *args: Any, **kwargs: Any) -> Transfor
 
 # ---------------------------------------------------------------------------------------------------- conformance
 class _TransformedConformance(StorageConformance):
+    #: a rescale transformation refuses values outside its source bounds (it could not map them), by design
+    stores_out_of_bounds = False
     inner: tuple = (NumpyMemmapStorage,)
     memmap = True
     supports_growable = True

@@ -383,7 +383,7 @@ def test_writers_encode_while_appending_and_show_nothing_before_commit(tmp_path:
     w2.commit(18)  # wraps: rows 18, 19, 0
     w1.commit(2)
     w3.abort()
-    assert st.get_segments() == [(18, 0), (2, 6)]
+    assert st.get_segments() == [(2, 6), (18, 0)]   # position order
     assert st.files == ["18_0.mkv", "2_6.mkv"]
     assert listing(st) == ["18_0.mkv", "2_6.mkv", "video_metadata.json"]  # the aborted temp file is gone
     np.testing.assert_array_equal(st.get([18, 19, 0]), b)
@@ -410,7 +410,7 @@ def test_commit_overlapping_the_open_segment_is_refused_and_can_be_retried(tmp_p
         st.set(5, frames[1])
     w.commit(10)
     st.mark_segment_end()
-    assert st.get_segments() == [(10, 12), (5, 5)]
+    assert st.get_segments() == [(5, 5), (10, 12)]   # position order
     np.testing.assert_array_equal(st.get(slice(10, 13)), frames)
     np.testing.assert_array_equal(st.get(5), frames[0])
 
@@ -629,7 +629,7 @@ def test_reference_written_directory_opens_read_only(tmp_path: Any) -> None:
                "capacity": 10, "length": 10}, open(os.path.join(d, "video_metadata.json"), "w"))
     json.dump({"file_ranges": [[8, 1], [3, 5]]}, open(os.path.join(d, "episode_index.json"), "w"))
     ref = VideoStorage.load_from(d, RGB)
-    assert ref.get_segments() == [(8, 1), (3, 5)]
+    assert ref.get_segments() == [(3, 5), (8, 1)]   # position order
     np.testing.assert_array_equal(ref.get([8, 9, 0, 1, 3, 4, 5]), a)
     with pytest.raises(ValueError, match="read-only"):
         VideoStorage.load_from(d, RGB, read_only=False)

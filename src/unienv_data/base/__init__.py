@@ -1,7 +1,7 @@
 """The storage contract: `SpaceStorage`, segment writers, batches, and the helpers every storage shares."""
 from .common import (BatchBase, BatchSampler, BatchT, IndexableType, SamplerArrayType, SamplerBatchT,
                      SamplerDeviceType, SamplerDtypeType, SamplerRNGType, convert_index_to_backendarray)
-from .errors import (ReadOnlyStorageError, StorageClosedError, StorageFormatError, StorageNotFoundError,
+from .errors import (BoundsWarning, ReadOnlyStorageError, StorageClosedError, StorageFormatError, StorageNotFoundError,
                      StorageStateError)
 from .registry import register_storage, resolve_storage_class
 from .segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
@@ -10,5 +10,5 @@ from .storage import SpaceStorage
 __all__ = ["BatchT", "SamplerBatchT", "SamplerArrayType", "SamplerDeviceType", "SamplerDtypeType", "SamplerRNGType",
            "BatchBase", "BatchSampler", "IndexableType", "convert_index_to_backendarray", "SpaceStorage",
            "SegmentWriter", "BufferedSegmentWriter", "MappedSegmentWriter", "StorageStateError", "StorageClosedError",
-           "ReadOnlyStorageError", "StorageFormatError", "StorageNotFoundError", "register_storage",
+           "ReadOnlyStorageError", "StorageFormatError", "BoundsWarning", "StorageNotFoundError", "register_storage",
            "resolve_storage_class"]

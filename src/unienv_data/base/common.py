@@ -216,9 +216,17 @@ class BatchSampler(BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType,
     def sample_with_metadata(self) -> Tuple[Any, Optional[Any]]:
         return self.data.get_at_with_metadata(self.sample_index())
 
-    def _epoch_indices(self) -> Iterator[np.ndarray]:
+    def _epoch_indices(self) -> Iterator[Any]:
+        """Batches of a random permutation of the data, drawn from the sampler's own (seeded) RNG, so samplers built
+        with the same seed visit the data in the same order (and each epoch continues the RNG's sequence)."""
         n = len(self.data)
-        perm = np.random.default_rng().permutation(n)
+        if self.data_rng is not None:
+            self.data_rng, perm = self.data.backend.random.random_permutation(n, rng=self.data_rng,
+                                                                              device=self.data.device)
+        elif self.rng is not None:
+            self.rng, perm = self.backend.random.random_permutation(n, rng=self.rng, device=self.device)
+        else:
+            perm = np.random.default_rng().permutation(n)
         for s in range(0, n, self.batch_size):
             yield perm[s:s + self.batch_size]
 

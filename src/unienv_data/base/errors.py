@@ -22,3 +22,10 @@ class StorageFormatError(ValueError):
 
 class StorageNotFoundError(StorageFormatError, FileNotFoundError):
     """A file a storage needs does not exist."""
+
+
+class BoundsWarning(UserWarning, ValueError):
+    """A stored value lies outside its Box's declared `[low, high]` (it was stored all the same, as unienv 0.0.1b16
+    and gymnasium do). Issued once per key and storage; `warnings.simplefilter("error", BoundsWarning)` turns it
+    into a refusal: the write then changes nothing, and what it raises is also a `ValueError` (the error any other
+    refused value raises), so code that catches ValueError keeps working."""

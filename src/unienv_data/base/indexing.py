@@ -2,7 +2,8 @@
 
 Accepted forms: Python int and NumPy integers and 0-d integer arrays / tensors (one sample, unbatched result);
 slice; Ellipsis (everything); 1-D integer arrays, tensors or lists (a batch, negatives allowed); 1-D boolean masks of
-exactly the storage length. Rejected with TypeError: bool scalars, floats, float arrays, None, strings, >1-D arrays.
+exactly the storage length. Rejected with TypeError: bool scalars, floats, float arrays, None, strings, tuples (NumPy
+reads a tuple as one index per dimension), >1-D arrays.
 Out-of-range entries raise IndexError naming the first offending position and the valid range.
 """
 from __future__ import annotations
@@ -104,8 +105,12 @@ def normalize_index(index: Any, length: int, what: str = "storage") -> Normalize
         return NormalizedIndex(slc=slice(0, length, 1))
     if index is None or isinstance(index, (str, bytes, float, np.floating)):
         raise TypeError(f"index must be an int, slice, Ellipsis, integer array or boolean mask; got {index!r}")
+    if isinstance(index, tuple):
+        # in NumPy a tuple indexes several dimensions (x[(0, 1)] is x[0, 1]); rows are the only dimension here
+        raise TypeError(f"a tuple index {index!r} is not a list of rows (NumPy would read it as one index per "
+                        f"dimension); pass a list {list(index)!r} or an integer array to select rows of {what}")
     arr = _to_numpy_index(index)
-    if isinstance(arr, (list, tuple)):
+    if isinstance(arr, list):
         if any(isinstance(v, (bool, np.bool_)) for v in arr) and not all(isinstance(v, (bool, np.bool_)) for v in arr):
             raise TypeError("an index list must hold only ints or only bools")
         arr = np.asarray(arr) if len(arr) else np.zeros(0, dtype=np.int64)

@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Union
 import numpy as np
 
 from .errors import StorageStateError
+from .ring import ring_index
 from .storage import SpaceStorage
 
 _OPEN, _FINISHED, _COMMITTED, _ABORTED = "open", "finished", "committed", "aborted"
@@ -78,10 +79,7 @@ class SegmentWriter(ABC):
 
     def _commit_indices(self, start: int) -> Union[slice, np.ndarray]:
         """The rows a commit at `start` covers: a slice, or an index array when the run wraps the ring."""
-        cap = self.storage.capacity
-        if cap is None or start + self._length <= cap:
-            return slice(start, start + self._length)
-        return (np.arange(self._length, dtype=np.int64) + start) % cap
+        return ring_index(start, self._length, self.storage.capacity)
 
     @abstractmethod
     def _append(self, value: Any) -> None:

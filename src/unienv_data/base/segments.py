@@ -1,36 +1,26 @@
 """Segment (episode) bookkeeping on a ring of physical rows, shared by every storage that records segments.
 
 A segment is a run of `length` consecutive physical rows starting at `start`; on a fixed-capacity ring it may
-wrap past the end (then its inclusive end is smaller than its start). Recording a segment drops every older
-segment it overlaps (those rows were overwritten), so the log only ever describes rows that hold what it says.
+wrap past the end (then its inclusive end is smaller than its start). Recording a segment, or overwriting rows,
+clips every older segment holding those rows to its rows that were not overwritten (the ring arithmetic lives in
+`ring.py`), so the log only ever describes rows that hold what it says, and the oldest episode of a ring that
+wrapped keeps its newest rows, as in unienv 0.0.1b16.
 """
 from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Tuple
 
 from .errors import StorageFormatError
+from .ring import clip_runs, inclusive_end, ring_intervals, runs_overlap
 
-
-def _intervals(start: int, length: int, capacity: Optional[int]) -> List[Tuple[int, int]]:
-    """Half-open physical intervals covered by a run (two when it wraps)."""
-    if capacity is None or start + length <= capacity:
-        return [(start, start + length)]
-    return [(start, capacity), (0, start + length - capacity)]
-
-
-def ring_positions_overlap(a: Tuple[int, int], b: Tuple[int, int], capacity: Optional[int]) -> bool:
-    """True when runs `a` and `b` (each `(start, length)`) share a physical row."""
-    for s1, e1 in _intervals(a[0], a[1], capacity):
-        for s2, e2 in _intervals(b[0], b[1], capacity):
-            if s1 < e2 and s2 < e1:
-                return True
-    return False
+#: Whether two runs share a physical row (kept under its old name for callers of this module).
+ring_positions_overlap = runs_overlap
 
 
 def first_overlap(runs: List[Tuple[int, int]], capacity: Optional[int]) -> Optional[Tuple[int, int]]:
     """Indices `(i, j)`, `i < j`, of two runs that share a physical row, or None; O(n log n) (sorted sweep over
     the runs' intervals, a wrapping run contributing two)."""
-    pieces = sorted((lo, hi, i) for i, (s, n) in enumerate(runs) if n > 0 for lo, hi in _intervals(s, n, capacity))
+    pieces = sorted((lo, hi, i) for i, (s, n) in enumerate(runs) if n > 0 for lo, hi in ring_intervals(s, n, capacity))
     reach, owner = -1, -1
     for lo, hi, i in pieces:
         if lo < reach and owner != i:
@@ -48,6 +38,10 @@ class SegmentLog:
         self._runs: List[Tuple[int, int]] = []
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
+        #: the run an open append-built segment is overwriting row by row (clipped at every row): left out of
+        #: what is persisted (`to_json`) until that segment ends, so the files never list a row about to be
+        #: overwritten, and persisting once per run eaten (not once per row) is enough
+        self.eaten: Optional[Tuple[int, int]] = None
         given = [(int(s), int(n)) for s, n in runs]
         if all(n > 0 and (capacity is None or n <= capacity) for _s, n in given) and first_overlap(given, capacity) is None:
             self._runs = given          # the usual case (a stored log): no overlap to resolve, O(n log n)
@@ -63,24 +57,26 @@ class SegmentLog:
         return list(self._runs)
 
     def add(self, start: int, length: int) -> None:
-        """Records a segment; older segments sharing a row with it are dropped. Empty segments are ignored."""
+        """Records a segment; older segments sharing rows with it are clipped to their other rows. Empty segments
+        are ignored."""
         if length <= 0:
             return
         if self.capacity is not None and length > self.capacity:
             raise ValueError(f"a segment of {length} rows does not fit in capacity {self.capacity}")
         new = (int(start), int(length))
-        self._runs = [r for r in self._runs if not ring_positions_overlap(r, new, self.capacity)]
+        self._runs = clip_runs(self._runs, new, self.capacity)
         self._runs.append(new)
+        self.eaten = None
         self.version += 1
 
     def drop_overlapping(self, start: int, length: int) -> None:
-        """Forgets every segment that shares a row with the run `(start, length)` (rows about to be overwritten)."""
+        """Cuts the rows `[start, start + length)` (about to be overwritten) out of every segment: a segment keeps
+        its other rows (one or two runs) and disappears when none is left."""
         if length <= 0:
             return
         run = (int(start), int(length))
-        kept = [r for r in self._runs if not ring_positions_overlap(r, run, self.capacity)]
-        if len(kept) != len(self._runs):
-            self._runs = kept
+        if any(runs_overlap(r, run, self.capacity) for r in self._runs):
+            self._runs = clip_runs(self._runs, run, self.capacity)
             self.version += 1
 
     def truncate(self, length: int) -> None:
@@ -91,6 +87,7 @@ class SegmentLog:
             self.version += 1
 
     def clear(self) -> None:
+        self.eaten = None
         if self._runs:
             self._runs = []
             self.version += 1
@@ -98,10 +95,11 @@ class SegmentLog:
     def inclusive_ranges(self) -> List[Tuple[int, int]]:
         """`(start, end)` with an inclusive physical end (end < start when the segment wraps), oldest first."""
         cap = self.capacity
-        return [(s, (s + n - 1) % cap if cap else s + n - 1) for s, n in self._runs]
+        return [(s, inclusive_end(s, n, cap)) for s, n in self._runs]
 
     def to_json(self) -> List[List[int]]:
-        return [[s, n] for s, n in self._runs]
+        """What is persisted: every run but the one an open append-built segment is overwriting."""
+        return [[s, n] for s, n in self._runs if (s, n) != self.eaten]
 
     @classmethod
     def from_json(cls, data: Any, capacity: Optional[int], length: int, where: str) -> "SegmentLog":

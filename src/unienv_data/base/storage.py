@@ -17,6 +17,7 @@ from unienv_interface.space.space_utils import batch_utils
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset
 from .indexing import NormalizedIndex, normalize_index
+from .ring import runs_overlap, subtract_run
 from .segments import SegmentLog
 from .values import LeafConverter
 
@@ -248,11 +249,12 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return self._seg_len if self._seg_start is not None else 0
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        """Recorded segments as inclusive physical `(start, end)` pairs, oldest first (end < start when a
-        segment wraps the ring); None when the storage keeps no segment information."""
+        """Recorded segments as inclusive physical `(start, end)` pairs in position order, as unienv 0.0.1b16
+        lists them (end < start when a segment wraps the ring); None when the storage keeps no segment
+        information."""
         self._check_open()
         log = self._segment_log()
-        return None if log is None else log.inclusive_ranges()
+        return None if log is None else sorted(log.inclusive_ranges())
 
     def _normalize_segment_start(self, start_index: Any) -> int:
         if isinstance(start_index, (bool, np.bool_)) or not isinstance(start_index, (int, np.integer)):
@@ -300,14 +302,24 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return pos
 
     def _free_rows_from(self, pos: int) -> int:
-        """Drops recorded segments that row `pos` belongs to; returns how many rows from `pos` on are free."""
+        """Cuts row `pos` out of the recorded segments (it is about to be overwritten by the open append-built
+        segment); returns how many rows from `pos` on are free.
+
+        The run left after the cut is the *eaten* run (`SegmentLog.eaten`): the next append cuts it again. It is
+        left out of what is persisted until the open segment ends, so the files are rewritten (`_segments_dropped`)
+        once per run the segment starts eating, not once per row."""
         log = self._segment_log()
         if log is None or not len(log):
             return 1 << 62
         before = log.version
+        eaten = log.eaten
+        hit = next((r for r in log.runs() if runs_overlap(r, (pos, 1), self.capacity)), None)
         log.drop_overlapping(pos, 1)
-        if log.version != before:
-            self._segments_dropped()
+        if log.version != before and hit is not None:
+            rest = subtract_run(hit, (pos, 1), self.capacity)
+            log.eaten = rest[-1] if rest else None    # the part after `pos`, which the next appends overwrite
+            if hit != eaten:
+                self._segments_dropped()
         cap = self.capacity
         best = 1 << 62
         for s, _n in log.runs():
@@ -331,6 +343,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self._check_open()
         if self._seg_start is None:
             return
+        log = self._segment_log()
+        if log is not None:
+            log.eaten = None
         start, n = self._seg_start, self._seg_len
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         self._record_segment(start, n)
@@ -339,6 +354,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def abort_segment(self) -> None:
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
+        log = self._segment_log()
+        if log is not None and log.eaten is not None:
+            log.eaten = None
+            log.version += 1        # the run it was eating is persisted again at the next save
 
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the

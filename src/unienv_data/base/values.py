@@ -7,16 +7,21 @@ Rules (what "no silent casts" means here):
 * dtype: the same dtype passes; a widening cast passes; a float to a narrower float passes when no finite value
   overflows; every other cast (float to int, int to a narrower int, int to float, anything to bool) passes only
   when every value survives it unchanged, else ValueError naming the first value that would change.
-* Bounds: every value must lie in the Box's `[low, high]` (NaN never does), else ValueError naming the first
-  offending position. Float leaves whose bounds are all infinite accept any float, NaN included.
+* Bounds: a value outside the Box's `[low, high]` (NaN in a float leaf with finite bounds included) is stored,
+  with a `BoundsWarning` naming the first offending position, once per leaf converter (that is, per key and
+  storage). `warnings.simplefilter("error", BoundsWarning)` makes it a refusal: the warning is raised before
+  anything is written. The dtype rules above stay strict whatever the bounds say.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from unienv_interface.space import BinarySpace, BoxSpace, Space
+
+from .errors import BoundsWarning
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -58,7 +63,8 @@ def _describe(value: Any) -> str:
 class LeafConverter:
     """Converts values for one Box / Binary leaf into checked NumPy arrays of its storage dtype."""
 
-    __slots__ = ("space", "where", "shape", "np_dtype", "is_bf16", "lo", "hi", "lo_s", "hi_s", "kind", "small")
+    __slots__ = ("space", "where", "shape", "np_dtype", "is_bf16", "lo", "hi", "lo_s", "hi_s", "kind", "small",
+                 "warned")
 
     def __init__(self, space: Space, where: str) -> None:
         if not isinstance(space, (BoxSpace, BinarySpace)):
@@ -74,6 +80,8 @@ class LeafConverter:
         self.hi: Optional[np.ndarray] = None
         self.lo_s: Any = None
         self.hi_s: Any = None
+        #: a BoundsWarning was issued (and not turned into an error): later values are not checked again
+        self.warned = False
         if isinstance(space, BoxSpace):
             lo, hi = space.low_numpy, space.high_numpy
             if self.kind == "f":
@@ -211,8 +219,8 @@ class LeafConverter:
         return out
 
     def check_bounds(self, arr: np.ndarray) -> None:
-        """ValueError naming the first value outside `[low, high]` (NaN included)."""
-        if self.lo is None or self.hi is None:
+        """A `BoundsWarning` naming the first value outside `[low, high]` (NaN included), once per converter."""
+        if self.lo is None or self.hi is None or self.warned:
             return
         vals = _bf16_to_f32(arr) if self.is_bf16 else arr
         if vals.size == 0:
@@ -228,5 +236,7 @@ class LeafConverter:
             return
         bad = int(np.flatnonzero(~ok.reshape(-1))[0])
         pos = tuple(int(p) for p in np.unravel_index(bad, vals.shape))
-        raise ValueError(f"{self.where}: value {vals.reshape(-1)[bad].item()!r} at position {pos} is outside the space "
-                         f"bounds [{lo.reshape(-1)[bad].item()!r}, {hi.reshape(-1)[bad].item()!r}]")
+        warnings.warn(f"{self.where}: value {vals.reshape(-1)[bad].item()!r} at position {pos} is outside the space "
+                      f"bounds [{lo.reshape(-1)[bad].item()!r}, {hi.reshape(-1)[bad].item()!r}]; it is stored as given "
+                      "(further values outside the bounds of this key are not reported)", BoundsWarning, stacklevel=2)
+        self.warned = True      # only once the warning did not raise: an "error" filter refuses every time

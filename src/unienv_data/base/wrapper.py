@@ -3,6 +3,8 @@
 ToBackendOrDeviceStorage) subclass it and only map values on the way through."""
 from __future__ import annotations
 
+from .common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, List, Optional, Union
 
@@ -12,7 +14,7 @@ from .segments import SegmentLog
 from .storage import SpaceStorage
 
 
-class WrappedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Forwards lengths, capacity, segments and growth to `self.inner_storage` (set by the subclass)."""
 
     inner_storage: SpaceStorage
@@ -145,7 +147,7 @@ class WrappedStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self.inner_storage._persist_committed()   # this storage's own metadata does not change with segments
 
 
-class ValueMappingStorage(WrappedStorage):
+class ValueMappingStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A wrapper whose every write maps the value (`_to_inner`) and the index (`_index_to_inner`, identity by
     default) onto the inner storage, which checks and writes it: TransformedStorage and ToBackendOrDeviceStorage."""
 

@@ -1,6 +1,8 @@
 """`ToBackendOrDeviceBatch`: another batch's samples converted to a backend and / or device on read."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
@@ -8,7 +10,7 @@ from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.space.space_utils import flatten_utils
 
 
-class ToBackendOrDeviceBatch(BatchBase[Any, Any, Any, Any, Any]):
+class ToBackendOrDeviceBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The samples of `batch` converted to `backend` (a ComputeBackend class) and / or `device` on every read
     (DLPack where the libraries allow it, else through NumPy); `None` keeps the batch's own.
 

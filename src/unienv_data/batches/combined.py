@@ -1,6 +1,8 @@
 """`CombinedBatch`: several batches of one space concatenated end to end."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -14,7 +16,7 @@ from . import _tree
 from ._segments import SegmentIndex
 
 
-class CombinedBatch(BatchBase[Any, Any, Any, Any, Any]):
+class CombinedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The batches `batches` one after the other: index `i` is index `i - start(k)` of the batch `k` it falls in.
 
     Lengths are read on every call, so growing sources (replay buffers) stay addressable. A batch index is split

@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.space import Space
 from unienv_interface.space.spaces import BinarySpace, DictSpace, TupleSpace
@@ -109,7 +110,7 @@ def _keep_stacked(data: Any, paths: List[KeyPath], z: int, prefix: KeyPath = ())
     return tuple(_keep_stacked(v, paths, z, prefix + (i,)) for i, v in enumerate(data))
 
 
-class SliceStackedBatch(BatchBase[Any, Any, Any, Any, Any]):
+class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Read-only view: sample `i` stacks the frames `i + o` for every `o` in `fixed_offset` on a new axis
     (axis 1 of a batch, axis 0 of one sample); see the module docstring for validity, filling and reads.
 
@@ -358,7 +359,7 @@ class SliceStackedBatch(BatchBase[Any, Any, Any, Any, Any]):
         return fn
 
 
-class FrameStackedBatch(SliceStackedBatch):
+class FrameStackedBatch(SliceStackedBatch[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A `SliceStackedBatch` over the contiguous window `[i - prefetch_horizon, i + postfetch_horizon]`;
     `keys=[...]` stacks only those fields (e.g. the camera), the others hold the anchor frame."""
 

@@ -1,6 +1,8 @@
 """`SubIndexedBatch`: a view over a fixed subset (or reordering) of another batch's indices."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -11,7 +13,7 @@ from unienv_data.base.indexing import normalize_index
 from ._segments import SegmentIndex
 
 
-class SubIndexedBatch(BatchBase[Any, Any, Any, Any, Any]):
+class SubIndexedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Index `j` of the view is index `sub_indexes[j]` of `batch`.
 
     `sub_indexes` (a slice, Ellipsis, an int array / list / tensor, or a boolean mask) is resolved against

@@ -1,6 +1,8 @@
 """`SubItemBatch`: a read-only view of one nested field of another batch's samples."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
@@ -10,7 +12,7 @@ from unienv_interface.space.space_utils import flatten_utils
 from . import _tree
 
 
-class SubItemBatch(BatchBase[Any, Any, Any, Any, Any]):
+class SubItemBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Sample `i` of the view is the field `nested_keys` of sample `i` of `batch`.
 
     `nested_keys` is a dict key, a tuple position, or a sequence of them (a path: `("obs", "joint_pos")`); a missing

@@ -1,6 +1,8 @@
 """`TransformedBatch`: a lazily transformed view of another batch."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
@@ -43,7 +45,7 @@ class _Applier:
         return self.t.transform(self.source_space, data)
 
 
-class TransformedBatch(BatchBase[Any, Any, Any, Any, Any]):
+class TransformedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Sample `i` of the view is `transformation` applied to sample `i` of `batch`, computed on every read.
 
     `transformation` is either a plain callable, called with a *batch* (every leaf has a leading axis; an int index

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.ring import logical_row, run_length
 
 from ._records import StorageNode
 from ._space_json import is_image_leaf
@@ -92,8 +93,8 @@ class OpenedDataset:
             return sorted(self.obj.get_segments() or [])
         segs = self.storage.get_segments() or []
         cap = self.capacity
-        runs = [(s, (e - s) % cap + 1 if cap else e - s + 1) for s, e in segs]
-        return sorted(((s - self._rot) % cap if cap else s, ((s - self._rot) % cap if cap else s) + n)
+        runs = [(s, run_length(s, e, cap or None)) for s, e in segs]
+        return sorted((logical_row(self._rot, s, cap or None), logical_row(self._rot, s, cap or None) + n)
                       for s, n in runs)
 
     def physical(self, logical: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.ring import run_length
 
 from ._fill_leaves import _apply_generic_meta, _fill_array, _fill_generic, _fill_hdf5, _fill_image, _fill_video
 from ._metadata import _inside, _int_or_none, _read_meta, _short
@@ -139,8 +140,10 @@ def _fill_buffer(root: str, node: StorageNode, meta: Dict[str, Any], _space: Any
     node.length = _int_or_none(meta.get("count"))
     cap = node.capacity
     segs = meta.get("physical_segments")
+    if segs is None:
+        segs = meta.get("buffer_segments")     # the list of a buffer that does not maintain segment metadata
     if isinstance(segs, list):
-        node.runs = [(int(s), (int(e) - int(s)) % cap + 1 if cap else int(e) - int(s) + 1)
+        node.runs = [(int(s), run_length(int(s), int(e), cap or None))
                      for s, e in (p for p in segs if isinstance(p, list) and len(p) == 2)]
     for field_name in ("count", "offset"):
         if _int_or_none(meta.get(field_name)) is None or meta[field_name] < 0:

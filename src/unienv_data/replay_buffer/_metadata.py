@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Tuple
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import (PathLike, check_format_version, check_no_interrupted_dump, read_json,
                                     require_fields)
+from unienv_data.base.ring import logical_row, run_length
 from unienv_data.base.segments import first_overlap
 
 METADATA_FILE = "metadata.json"
@@ -43,25 +44,31 @@ def read_metadata(path: PathLike) -> Dict[str, Any]:
             raise StorageFormatError(f"{meta_path}: offset {offset} is outside [0, capacity {cap})")
     elif offset != 0:
         raise StorageFormatError(f"{meta_path}: a growable buffer must have offset 0, got {offset}")
-    segs = meta.get("physical_segments")
-    if segs is not None:
-        if not isinstance(segs, list) or not all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
-                for p in segs):
-            raise StorageFormatError(f"{meta_path}: physical_segments must be a list of [start, end] pairs")
-        limit = cap if cap is not None else count
-        runs: List[Tuple[int, int]] = []
-        for s, e in segs:
-            if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
-                raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
-            n = (e - s) % cap + 1 if cap is not None else e - s + 1
-            logical = (s - offset) % cap if cap is not None else s
-            if logical + n > count:
-                raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
-                                         f"(count {count}, offset {offset})")
-            runs.append((s, n))
-        clash = first_overlap(runs, cap)
-        if clash is not None:
-            a, b = (segs[i] for i in clash)
-            raise StorageFormatError(f"{meta_path}: segments {list(a)} and {list(b)} overlap")
+    for key in ("physical_segments", "buffer_segments"):
+        _check_segments(meta, key, count, offset, cap, meta_path)
     return meta
+
+
+def _check_segments(meta: Dict[str, Any], key: str, count: int, offset: int, cap: Any, meta_path: str) -> None:
+    """Validates a stored list of inclusive physical `[start, end]` segments (StorageFormatError naming the bad one)."""
+    segs = meta.get(key)
+    if segs is None:
+        return
+    if not isinstance(segs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+            for p in segs):
+        raise StorageFormatError(f"{meta_path}: {key} must be a list of [start, end] pairs")
+    limit = cap if cap is not None else count
+    runs: List[Tuple[int, int]] = []
+    for s, e in segs:
+        if not (0 <= s < max(limit, 1) and 0 <= e < max(limit, 1)) or (cap is None and e < s):
+            raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] lies outside the buffer")
+        n = run_length(s, e, cap)
+        if logical_row(offset, s, cap) + n > count:
+            raise StorageFormatError(f"{meta_path}: segment [{s}, {e}] covers rows that hold no data "
+                                     f"(count {count}, offset {offset})")
+        runs.append((s, n))
+    clash = first_overlap(runs, cap)
+    if clash is not None:
+        a, b = (segs[i] for i in clash)
+        raise StorageFormatError(f"{meta_path}: segments {list(a)} and {list(b)} overlap")

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from unienv_data.base.errors import StorageStateError
 from unienv_data.base.files import atomic_write_json, is_durable
 from unienv_data.base.processes import pid_alive
+from unienv_data.base.ring import inclusive_end
 
 from ._metadata import METADATA_FILE
 
@@ -183,7 +184,7 @@ def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None) -> None:
     meta = buffer._metadata()
     if drop is not None:
         cap = st.capacity
-        meta["physical_segments"] = [[s, (s + n - 1) % cap if cap else s + n - 1] for s, n in log.runs()]
+        meta[buffer._segments_key()] = [[s, inclusive_end(s, n, cap)] for s, n in log.runs()]
     atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), meta)
 
 

@@ -1,8 +1,18 @@
 """`ReplayBuffer`: a ring buffer of samples over any `SpaceStorage`, with episode (segment) bookkeeping.
 
-Logical index `i` (0 = oldest) lives at physical row `(offset + i) % capacity`. A full ring overwrites its oldest
-rows; segments that lose a row are dropped from `get_segments()`, which reports logical half-open `(start, end)`
-ranges that stay right after the ring wraps.
+Logical index `i` (0 = oldest) lives at physical row `(offset + i) % capacity` (the ring arithmetic is
+`unienv_data.base.ring`). A full ring overwrites its oldest rows, and a segment that loses rows keeps the others
+(it is clipped), as in unienv 0.0.1b16; `get_segments()` reports logical half-open `(start, end)` ranges.
+
+Segments come from one of two places. With `maintain_segment_metadata=True` the buffer keeps its own list, as
+the reference does: every `extend(batch)`, every committed writer and every append-built episode is a segment,
+saved as `physical_segments` in metadata.json. Otherwise the storage's own segment log counts (storages of this
+project record append-built and writer-built episodes), or, for a storage that keeps none and for a
+multiprocessing buffer, a list kept by the buffer (saved under `buffer_segments`, a key the reference ignores).
+
+An append-built episode longer than the capacity is not refused: like the reference, the buffer keeps its newest
+`capacity` rows (the storage's segment is closed at the capacity and a new one opened), so an off-policy loop
+that appends forever and never marks episodes just rings.
 
 Multiprocessing (`multiprocessing=True`): count, offset and the segment table live in shared memory under one
 inter-process lock, and travel with the buffer when it is passed to a `multiprocessing.Process` (fork or spawn).
@@ -18,15 +28,18 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, creating_dataset,
                                     dump_transaction)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
+from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
+                                   tail_write)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
@@ -40,7 +53,7 @@ from ._shared_state import LocalState, SharedState, adopt_shared_segments, persi
 _FIELD_MASK = (1 << 64) - 1
 
 
-class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
+class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
     def __init__(self, storage: SpaceStorage, storage_path_relative: str, count: int = 0, offset: int = 0,
@@ -57,24 +70,32 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         if cap is None and (offset != 0 or count > len(storage)):
             raise ValueError(f"a growable buffer needs offset 0 and count <= len(storage) ({len(storage)}); got "
                              f"count {count}, offset {offset}")
-        if multiprocessing and not storage.is_multiprocessing_safe:
+        if multiprocessing and maintain_segment_metadata and storage.is_mutable:
+            # the reference's rule (its error type and wording): a shared writable buffer keeps its segments in
+            # shared memory on its own (see the module docstring), so the per-buffer list is refused
+            raise RuntimeError("ReplayBuffer does not support maintain_segment_metadata=True with multiprocessing=True "
+                               "for mutable buffers; load the buffer read-only or disable multiprocessing (a shared "
+                               "buffer records its episodes without it)")
+        if multiprocessing and storage.is_mutable and not storage.is_multiprocessing_safe:
             raise ValueError(f"multiprocessing=True needs a storage that processes can share (memory-mapped or "
                              f"created with multiprocessing=True); {type(storage).__name__} is not")
-        if multiprocessing and cap is None:
-            raise ValueError("multiprocessing=True needs a fixed capacity (a growable storage cannot be resized by "
-                             "several processes)")
+        if multiprocessing and cap is None and storage.is_mutable:
+            raise ValueError("multiprocessing=True needs a fixed capacity for a writable buffer (a growable storage "
+                             "cannot be resized by several processes); open it with read_only=True to share it")
         super().__init__(storage.single_instance_space)
         self.storage: Optional[SpaceStorage] = storage
         self.storage_path_relative = storage_path_relative
         self.cache_path = None if cache_path is None else os.fspath(cache_path)
         self.multiprocessing = bool(multiprocessing)
-        # segments: the storage's own log when it keeps one (single process); else a log kept by the buffer,
-        # in shared memory for multiprocessing (storage logs are per process)
-        self._own_segments = self.multiprocessing or storage.get_segments() is None
+        self._maintain = bool(maintain_segment_metadata)
+        # segments: the buffer's own list with maintain_segment_metadata (the reference's rule) or when the
+        # storage keeps none; else the storage's own log (single process). A multiprocessing buffer keeps its
+        # list in shared memory (storage logs are per process).
+        self._own_segments = self._maintain or self.multiprocessing or storage.get_segments() is None
         segs = None
         if self._own_segments:
             segs = list(physical_segments or [])
-            if not segs and storage.get_segments():
+            if physical_segments is None and not self._maintain and storage.get_segments():
                 segs = self._runs_from_storage(storage)
         elif physical_segments is not None and not _persists_segments(storage):
             # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
@@ -82,15 +103,16 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             for s, n in physical_segments:
                 storage._record_segment(s, n)
         if self.multiprocessing:
-            self._state: Union[LocalState, SharedState] = SharedState(count, offset, segs, cap or 1)
+            self._state: Union[LocalState, SharedState] = SharedState(count, offset, segs,
+                                                                      cap or max(len(segs or ()), 1))
         else:
             self._state = LocalState(count, offset, segs)
-        self._maintain = bool(maintain_segment_metadata)
         self._owns_storage = False
         self._writer: Optional[SegmentWriter] = None      # multiprocessing: this process's open episode
         self._seg_open = False                            # single process: an append-built segment is open
         self._seg_start = 0
         self._seg_len = 0
+        self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
         self._durable = True
         self._space_json: Optional[Dict[str, Any]] = None
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
@@ -103,8 +125,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         cap = storage.capacity
         out = []
         for s, e in storage.get_segments() or []:
-            n = (e - s) % cap + 1 if cap else e - s + 1
-            out.append((s, n))
+            out.append((s, run_length(s, e, cap)))
         return out
 
     # ------------------------------------------------------------------ construction
@@ -186,17 +207,23 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             raise StorageFormatError(f"{meta_path}: capacity {cap} does not match the storage's {storage.capacity}")
         if cap is None and meta["count"] > len(storage):
             raise StorageFormatError(f"{meta_path}: count {meta['count']} exceeds the storage length {len(storage)}")
-        runs = None
-        if meta.get("physical_segments") is not None:
-            runs = []
-            for s, e in meta["physical_segments"]:
-                runs.append((s, (e - s) % cap + 1 if cap else e - s + 1))
+        # the reference's rule: stored `physical_segments` mean the buffer keeps its own list; `buffer_segments`
+        # (this project's key) is the list of a buffer that did not maintain one itself
+        listed = meta.get("physical_segments")
+        maintain = bool(meta.get("maintain_segment_metadata", listed is not None))
+        if listed is None:
+            listed = meta.get("buffer_segments")
+        runs = None if listed is None else [(s, run_length(s, e, cap)) for s, e in listed]
+        if multiprocessing and maintain and not read_only:
+            raise RuntimeError("ReplayBuffer.load_from() does not support multiprocessing=True with maintained "
+                               f"segment metadata unless read_only=True ({meta_path} has maintain_segment_metadata)")
         rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
-                 maintain_segment_metadata=bool(meta.get("maintain_segment_metadata", runs is not None)),
-                 physical_segments=runs)
+                 maintain_segment_metadata=maintain, physical_segments=runs)
         rb._owns_storage = True
         if stored is not storage:
             rb._stored_storage = stored
+        if not read_only:
+            rb._disk_meta = meta        # what the directory lists now: guarded before its rows are overwritten
         adopt_shared_segments(rb, meta, runs, read_only)
         return rb
 
@@ -246,6 +273,11 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
     @property
     def is_multiprocessing_safe(self) -> bool:
         return self.multiprocessing
+
+    @property
+    def maintain_segment_metadata(self) -> bool:
+        """Whether the buffer keeps its own segment list (every extend, commit and ended episode is a segment)."""
+        return self._maintain
 
     @property
     def total_written(self) -> int:
@@ -369,35 +401,20 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
         if runs is None:
             return None
-        cap = st.capacity
-        out = []
-        for s, n in runs:
-            start = (s - offset) % cap if cap else s
-            if start + n <= count:
-                out.append((start, start + n))
-        return sorted(out)
+        return logical_ranges(runs, offset, count, st.capacity)
 
     def _advance(self, n: int) -> Tuple[int, int]:
         """Reserves `n` rows at the tail (under the lock): returns their physical start, updates count/offset."""
         st = self._st()
         cap = st.capacity
         count, offset = self._state.count, self._state.offset
-        if cap is None:
-            if count + n > len(st):
-                st.extend_length(count + n - len(st))
-            self._state.count = count + n
-            self._state.total_written += n
-            self._state.version += 1
-            return count, n
+        if cap is None and count + n > len(st):
+            st.extend_length(count + n - len(st))
+        placed = tail_write(count, offset, n, cap)
+        self._state.count, self._state.offset = placed.held, placed.offset
         self._state.total_written += n
         self._state.version += 1
-        tail = (offset + count) % cap
-        if count + n <= cap:
-            self._state.count = count + n
-        else:
-            self._state.offset = (offset + count + n - cap) % cap
-            self._state.count = cap
-        return tail, n
+        return placed.start, n
 
     def _drop_own_segments(self, start: int, n: int) -> None:
         if self._own_segments:
@@ -407,12 +424,14 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
 
     def _forget_rows(self, start: int, n: int) -> None:
         """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
+        self._guard_disk_segments(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
         persist_shared(self)            # before those rows are overwritten
 
-    def _add_own_segment(self, start: int, n: int) -> None:
-        if self._own_segments and n > 0:
+    def _add_own_segment(self, start: int, n: int, *, extend: bool = False) -> None:
+        """Records a segment in the buffer's own list (an extended batch only with maintain_segment_metadata)."""
+        if self._own_segments and n > 0 and (self._maintain or not extend):
             log = self._log()
             log.add(start, n)
             self._state.set_segments(log.runs())
@@ -435,17 +454,18 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
                 self._state.count, self._state.offset = cap, 0
                 self._state.total_written += n
                 self._state.version += 1
+                self._add_own_segment(0, cap, extend=True)
                 return
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
             start, _ = self._advance(n)
             try:
-                idx = slice(start, start + n) if cap is None or start + n <= cap else (np.arange(n) + start) % cap
-                _checked_write(st, idx, value, lambda: self._forget_rows(start, n))
+                _checked_write(st, ring_index(start, n, cap), value, lambda: self._forget_rows(start, n))
             except BaseException:
                 self._state.count, self._state.offset = old
                 self._state.total_written = written
                 raise
+            self._add_own_segment(start, n, extend=True)
 
     def append(self, value: Any) -> None:
         """Adds one sample to the current episode (opened at the tail on the first append).
@@ -453,30 +473,44 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         Single process: the row is written at once and counts in `len()`. Multiprocessing: the episode is kept
         by this process and written as a whole by `mark_segment_end()`."""
         st = self._st()
+        cap = st.capacity
         if self.multiprocessing:
+            if self._writer is not None and cap is not None and len(self._writer) >= cap:
+                # an episode as long as the ring: written now (it could not be committed once longer), and the
+                # appends go on in a new one, as the reference closes its storage's segment at the capacity
+                w, self._writer = self._writer, None
+                self._commit(w)
             if self._writer is None:
                 self._writer = st.open_segment_writer()
             self._writer.append(value)
             return
-        cap = st.capacity
         with self._state.locked():
             opened = False
+            kept = (self._seg_start, self._seg_len)
+            if self._seg_open and cap is not None and self._seg_len >= cap:
+                # the open episode fills the ring: it keeps its newest rows (the row written now replaces its
+                # oldest), and the storage's segment is closed at the capacity and a new one opened at the tail
+                if st.pending_segment_length >= cap:
+                    st.mark_segment_end()
+                    st.mark_segment_start(tail_row(self._state.offset, self._state.count, cap))
+                self._seg_start, self._seg_len = (self._seg_start + 1) % cap, cap - 1
             if not self._seg_open:
-                tail = (self._state.offset + self._state.count) % cap if cap else self._state.count
+                tail = tail_row(self._state.offset, self._state.count, cap)
                 st.mark_segment_start(tail)
                 self._seg_open, self._seg_start, self._seg_len = True, tail, 0
                 opened = True
-            if cap is not None and self._seg_len >= cap:
-                raise ValueError(f"the open episode already holds {self._seg_len} rows = the capacity {cap}; "
-                                 "call mark_segment_end() before appending more")
+            if cap is not None and self._state.count == cap:
+                self._guard_disk_segments(tail_row(self._state.offset, self._state.count, cap), 1)
             try:
                 st.append(value)
             except BaseException:
                 if opened:          # a refused first step leaves no empty episode behind
                     st.abort_segment()
                     self._seg_open = False
+                else:               # a refused step past the capacity leaves the open episode as it was
+                    self._seg_start, self._seg_len = kept
                 raise
-            pos = (self._seg_start + self._seg_len) % cap if cap else self._seg_start + self._seg_len
+            pos = tail_row(self._seg_start, self._seg_len, cap)
             if self._own_segments and self._state.count == cap:
                 self._drop_own_segments(pos, 1)
             self._seg_len += 1
@@ -520,6 +554,9 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         """Writes a finished episode at the tail (placement is decided now, under the lock) and records it."""
         if getattr(writer, "storage", None) is not self._st():
             raise ValueError("the writer was not opened on this buffer's storage (use buffer.open_segment_writer())")
+        if len(writer) == 0 and writer.state in ("open", "finished"):
+            writer.abort()      # an empty episode places nothing (as in the reference, even while one is open)
+            return
         self._require_no_open_segment("commit a segment")
         self._commit(writer)
 
@@ -535,6 +572,7 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
             start, _ = self._advance(n)
             try:
                 persist_shared(self, drop=(start, n))   # the segments these rows belong to are gone first
+                self._guard_disk_segments(start, n)
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
@@ -563,19 +601,47 @@ class ReplayBuffer(BatchBase[Any, Any, Any, Any, Any]):
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
             runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
-        segs = None if runs is None else [[s, (s + n - 1) % cap if cap else s + n - 1] for s, n in runs]
+        segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
         if self._space_json is None:
             self._space_json = space_to_json(self.single_space if self._stored_storage is None
                                              else self._stored_storage.single_instance_space)
         stored = st if self._stored_storage is None else self._stored_storage
-        return {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
+        meta = {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
                 "capacity": cap, "storage_cls": storage_type_name(type(stored)),
                 "storage_path_relative": self.storage_path_relative,
-                "single_instance_space": self._space_json, "physical_segments": segs,
+                "single_instance_space": self._space_json,
+                "physical_segments": segs if self._maintain else None,
                 "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing}
+        if not self._maintain and self._own_segments:
+            meta["buffer_segments"] = segs      # the reference reads `physical_segments` only
+        return meta
+
+    def _segments_key(self) -> str:
+        """The metadata key holding the buffer's own segment list."""
+        return "physical_segments" if self._maintain else "buffer_segments"
 
     def _write_metadata(self, path: PathLike) -> None:
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
+        meta = self._metadata()
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), meta)
+        if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
+            self._disk_meta = meta
+
+    def _guard_disk_segments(self, start: int, n: int) -> None:
+        """Before rows `[start, start + n)` are overwritten: when this buffer's own directory lists a maintained
+        segment holding any of them, its metadata.json is rewritten without that segment (same count and offset,
+        atomically), so a crash before the next `dumps()` never leaves a listed segment holding other data. Once
+        left out, a segment is not written again until `dumps()`: one rewrite per segment, not per row."""
+        meta = getattr(self, "_disk_meta", None)
+        if meta is None or not self._maintain or self.multiprocessing or not meta.get("physical_segments"):
+            return
+        cap = meta["capacity"]
+        run = (start, n)
+        kept = [seg for seg in meta["physical_segments"]
+                if not runs_overlap((seg[0], run_length(seg[0], seg[1], cap)), run, cap)]
+        if len(kept) != len(meta["physical_segments"]):
+            meta = dict(meta, physical_segments=kept)
+            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE), meta)  # type: ignore[arg-type]
+            self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
         """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically); an open

@@ -47,7 +47,7 @@ class SliceSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self.include_unrecorded = bool(include_unrecorded)
         self.device_out = device
         self.np_rng = np.random.default_rng(seed)
-        self._frames = FrameStackedBatch(data, 0, self.window - 1, unrecorded=self.unrecorded, deduplicate=False)
+        self._frames: FrameStackedBatch[Any, Any, Any, Any, Any] = FrameStackedBatch(data, 0, self.window - 1, unrecorded=self.unrecorded, deduplicate=False)
         self._table_for: Optional[SegmentIndex] = None
         self._table_cache: Tuple[np.ndarray, np.ndarray, np.ndarray, int] = (
             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0)

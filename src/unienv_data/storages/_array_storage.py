@@ -11,6 +11,8 @@ say which backend they serve and how a NumPy result becomes a backend array.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import uuid
 from functools import partial
@@ -47,7 +49,7 @@ def _check_capacity(capacity: Any) -> Optional[int]:
     return int(capacity)
 
 
-class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
+class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Common implementation of the single-array storages (see the module docstring)."""
 
     single_file_ext: Optional[str] = ".memmap"
@@ -173,6 +175,12 @@ class ArrayStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
             rows, extra = file_rows(path, row_bytes)
             if rows < length:
                 raise StorageFormatError(f"{path} holds {rows} rows but its metadata promises {length}: the file is truncated")
+            if extra or (stored_cap is not None and rows != stored_cap):
+                # a fixed ring's file is exactly `capacity` rows; a growable one's whole rows (some allocated ahead)
+                want = (f"{stored_cap * row_bytes} bytes ({stored_cap} rows of {row_bytes} bytes)" if stored_cap is not None
+                        else f"a whole number of {row_bytes}-byte rows")
+                raise StorageFormatError(f"data file {path} holds {os.path.getsize(path)} bytes, expected {want} as "
+                                         f"{meta_file} says: bytes were appended to it or it belongs to another storage")
             cap = stored_cap
             segments = SegmentLog.from_json(meta.get("segments", []), cap, length, meta_file)
         else:

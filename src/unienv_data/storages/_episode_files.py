@@ -8,6 +8,8 @@ hard links (used by `dumps` into another directory) never see a later change.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import importlib
 import os
 import shutil
@@ -24,6 +26,7 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
+from unienv_data.base.ring import ring_rows
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
@@ -250,12 +253,8 @@ def runs_to_mask(runs: Any, n: int, where: str) -> np.ndarray:
     return mask
 
 
-def ring_positions(start: int, length: int, capacity: Optional[int]) -> np.ndarray:
-    """Physical rows of a run of `length` rows from `start` (wrapping a ring of `capacity`)."""
-    pos = np.arange(start, start + length, dtype=np.int64)
-    if capacity is not None:
-        pos %= capacity
-    return pos
+#: Physical rows of a run of `length` rows from `start` (wrapping a ring of `capacity`).
+ring_positions = ring_rows
 
 
 def describe_rows(positions: Iterable[int]) -> str:
@@ -292,7 +291,7 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
     return cap, length
 
 
-class FileRowStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The part `VideoStorage` and `ImageStorage` share: the rows of a uint8 image space kept in files of one
     directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
     opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows

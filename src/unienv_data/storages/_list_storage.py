@@ -23,6 +23,8 @@ Differences from the reference list storages, on purpose:
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -46,7 +48,7 @@ from ._list_leaves import Leaf, LeafTree, ValueConverter, check_stored_space, de
 _ROW_FILE = re.compile(r"^(\d+)\.([A-Za-z0-9]+)$")
 
 
-class ListStorageBase(SpaceStorage[Any, Any, Any, Any, Any]):
+class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """One file per row of a Box / Binary space in a directory, plus `<metadata_file>` (see the module docstring).
 
     Subclasses set `file_ext`, `metadata_file` and `reference_type` (the `storage_type` the reference writes), and

@@ -3,6 +3,8 @@
 file. `ParquetStorage` (in `parquet`) adds construction, the storage API, the length, persistence and pickling."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, List, Optional, Sequence, Set
 
@@ -21,7 +23,7 @@ from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _
                               piece_filename)
 
 
-class ParquetPieces(LeafTreeWrites, SpaceStorage[Any, Any, Any, Any, Any]):
+class ParquetPieces(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a `ParquetStorage` in memory and in its piece files; the base of `ParquetStorage`, not used alone."""
 
     def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,

@@ -145,7 +145,10 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
                          f"{list(_LOSSLESS_CAPABLE)} (e.g. codec='ffv1' with file_ext='mkv', or codec='libx264rgb'), "
                          "or codec='auto'")
     formats = _encoder_formats(codec)
-    capable = codec in _EXACT_CODECS or (codec == "libx264rgb" and lossless)
+    user = {str(k): str(v) for k, v in (encoder_options or {}).items()}
+    # libx264rgb at the caller's qp 0 (and no crf of theirs) is as exact as lossless=True
+    user_exact = codec == "libx264rgb" and user.get("qp") in ("0", "0.0") and "crf" not in user
+    capable = codec in _EXACT_CODECS or (codec == "libx264rgb" and (lossless or user_exact))
     if file_pixel_format is None:
         pix = _default_pix_fmt(codec, formats, shape, capable)
     else:
@@ -158,7 +161,10 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
         raise ValueError(f"file_pixel_format {pix!r} cannot hold {'gray' if channels == 1 else 'rgb24'} frames "
                          f"exactly (YUV conversion / chroma subsampling); with lossless=True use one of {exact_ok}")
     opts = dict(_DEFAULT_OPTIONS.get(codec, {})) if not (lossless and codec == "libx264rgb") else {"preset": "veryfast"}
-    user = {str(k): str(v) for k, v in (encoder_options or {}).items()}
+    if _RATE_KEYS.intersection(user):
+        # the caller chose the rate control: a default crf left next to their qp would win inside x264 (crf is
+        # checked first), so their options would not be what the encoder gets
+        opts = {k: v for k, v in opts.items() if k not in _RATE_KEYS}
     if lossless and codec == "libx264rgb":
         for key in ("crf", "qp"):
             if key in user and float(user[key]) != 0:
@@ -172,6 +178,9 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
     opts.update(user)
     return CodecPlan(codec, pix, tuple(sorted(opts.items())), exact, gop, file_ext)
 
+
+#: encoder options that choose the rate control (the caller's replace every default one)
+_RATE_KEYS = frozenset(("crf", "qp", "b", "bit_rate", "cq", "qscale", "global_quality"))
 
 #: encoder options that say how B-frames are laid out (a caller setting any of them keeps x264's own layout)
 _B_FRAME_KEYS = frozenset(("bf", "x264-params", "x264opts", "b-pyramid", "b_strategy", "b-adapt"))

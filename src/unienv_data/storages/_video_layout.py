@@ -21,6 +21,7 @@ import numpy as np
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import atomic_write_json, confined_path, read_json, require_fields
 from unienv_data.base.segments import SegmentLog
+from unienv_data.base.ring import run_length
 from unienv_interface.space import Space
 
 from ._episode_files import (check_capacity, check_count, check_rows_fields, check_stored_shape, is_temp_name,
@@ -104,7 +105,7 @@ def parse_reference(directory: str, meta: Dict[str, Any], where: str, capacity: 
                                                                   and 0 <= v < max(n_rows, 1) for v in item)):
             raise StorageFormatError(f"{index_path}: entry {i} = {item!r} is not a [start, end] pair within {n_rows} rows")
         s, e = item
-        n = (e - s) % cap + 1 if cap is not None else e - s + 1
+        n = run_length(s, e, cap)
         if n <= 0:
             raise StorageFormatError(f"{index_path}: entry {i} = {item!r} has end before start")
         name = f"{s}_{e}.{ext}"

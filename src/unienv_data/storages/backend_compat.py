@@ -1,6 +1,8 @@
 """`ToBackendOrDeviceStorage`: a storage whose elements live on one backend / device, served on another."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Callable, Dict, Mapping, Optional, Type, Union
 
@@ -57,7 +59,7 @@ def _map_leaves(space: Space, data: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 @register_storage
-class ToBackendOrDeviceStorage(ValueMappingStorage):
+class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Serves an inner storage that keeps its elements on another backend and/or device: e.g. a NumPy-backend
     `NumpyMemmapStorage` read and written as torch tensors, or torch tensors stored on the CPU served on a GPU.
 

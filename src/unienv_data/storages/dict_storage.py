@@ -28,9 +28,12 @@ crash between two children's metadata writes) are forgotten, keeping those every
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from collections.abc import Mapping
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
@@ -55,7 +58,7 @@ METADATA_FILE = "dict_storage_metadata.json"
 
 
 @register_storage
-class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
+class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores a `DictSpace` as one child storage per key path (see the module docstring for the routing).
 
     `create(space, storage_cls_map, *args, capacity=None, cache_path=None, multiprocessing=False, key_kwargs={},
@@ -103,6 +106,8 @@ class DictStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         self._routes = routes
         self._storages: List[SpaceStorage] = children
         self._by_key: Dict[str, SpaceStorage] = {r.key: c for r, c in zip(routes, children)}
+        #: the child storage of every key (or group), as the reference names it; read it, do not replace children
+        self.storage_map: Mapping[str, SpaceStorage] = MappingProxyType(self._by_key)
         paths = dict(storage_paths or {})
         self._paths: Dict[str, str] = {
             r.key: paths.get(r.key) or child_relative_path(r.key, type(c), nested_separator)

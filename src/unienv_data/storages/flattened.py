@@ -1,6 +1,8 @@
 """`FlattenedStorage`: every structured sample packed into one flat 1-D row of an inner storage."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import warnings
 from functools import partial
@@ -33,7 +35,7 @@ _LAST_PLAN: List[Any] = [None, None]
 
 
 def _plan_for(space: Space) -> FlatRowPlan:
-    """The row plan of `space`, reused when the same space object is asked for again (create / load + init)."""
+    """The row plan of `space`, reused by the `__init__` that follows a create / load_from of the same space."""
     if _LAST_PLAN[0] is space:
         return _LAST_PLAN[1]  # type: ignore[no-any-return]
     plan = FlatRowPlan(space)
@@ -74,7 +76,7 @@ def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[
     return "; ".join(parts) or "the layouts differ"
 
 
-class FlattenedStorage(WrappedStorage):
+class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores every sample flattened into one 1-D BoxSpace row of an inner storage (e.g. PytorchTensorStorage), so
     a read or write of any number of samples is one row operation on a single array.
 
@@ -100,6 +102,9 @@ class FlattenedStorage(WrappedStorage):
         if not isinstance(inner_storage, SpaceStorage):
             raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
         plan = _plan_for(single_instance_space)
+        # the plan's leaf converters are this storage's own from now on (they remember which keys were warned
+        # about out-of-bounds values: once per key and storage), so the next storage builds its own plan
+        _LAST_PLAN[0] = _LAST_PLAN[1] = None
         inner_space = inner_storage.single_instance_space
         if inner_space.backend is not single_instance_space.backend:
             raise ValueError(f"inner storage backend {inner_space.backend} differs from the space's "

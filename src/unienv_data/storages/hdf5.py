@@ -34,6 +34,8 @@ reads them); an in-memory storage (no `cache_path`) is allowed and `dumps` write
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import json
 import mmap
 import os
@@ -78,7 +80,7 @@ if hasattr(os, "register_at_fork"):
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class HDF5Storage(LeafTreeWrites, SpaceStorage[Any, Any, Any, Any, Any]):
+class HDF5Storage(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Samples of a NumPy DictSpace / Box / Binary / Text space in one HDF5 file (see the module docstring).
 
     `create(single_instance_space, capacity=None, cache_path=None, multiprocessing=False, initial_capacity=None,

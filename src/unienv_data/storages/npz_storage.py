@@ -13,6 +13,8 @@ works; segments are recorded.
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import zipfile
 from typing import Any, Dict, Optional
@@ -30,7 +32,7 @@ METADATA_FILE = "npz_metadata.json"
 
 
 @register_storage
-class NPZStorage(ListStorageBase):
+class NPZStorage(ListStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a Box / Binary space, one `<row>.npz` file each (see the module docstring).
 
     `create(space, *, compressed=True, capacity=None, cache_path (a new or empty directory), multiprocessing=False)`;
@@ -71,15 +73,19 @@ class NPZStorage(ListStorageBase):
     @classmethod
     def load_from(cls, path: PathLike, single_instance_space: Space, *, capacity: Optional[int] = None,
                   read_only: bool = True, multiprocessing: bool = False, missing_ok: bool = False,
-                  **kwargs: Any) -> "NPZStorage":
-        """Opens a directory written by this library or by the reference (see the class docstring)."""
+                  compressed: Optional[bool] = None, **kwargs: Any) -> "NPZStorage":
+        """Opens a directory written by this library or by the reference (see the class docstring). `compressed`
+        (as the reference takes it) chooses how rows written from now on are saved; None keeps the stored choice."""
         if kwargs:
             raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
+        if compressed is not None and not isinstance(compressed, (bool, np.bool_)):
+            raise TypeError(f"compressed must be a bool or None, got {compressed!r}")
         info = cls._read_metadata(path, single_instance_space, capacity, missing_ok)
-        compressed = info["meta"].get("compressed", True)
-        if not isinstance(compressed, bool):
+        stored = info["meta"].get("compressed", True)
+        if not isinstance(stored, bool):
             raise StorageFormatError(f"{os.path.join(os.fspath(path), METADATA_FILE)}: 'compressed' must be a bool, "
-                                     f"got {compressed!r}")
+                                     f"got {stored!r}")
+        compressed = stored if compressed is None else bool(compressed)
         return cls(single_instance_space, os.fspath(path), info["capacity"], info["length"], info["written"],
                    info["segments"], compressed=compressed, read_only=read_only,
                    zero_unwritten=info["zero_unwritten"])

@@ -22,6 +22,8 @@ the pieces and replaces stale ones of an older dump there; writes through a colu
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -44,7 +46,7 @@ from ._parquet_pieces import ParquetPieces
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class ParquetStorage(ParquetPieces):
+class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Samples of a flat NumPy DictSpace / Box / Binary / Text space in Parquet pieces (see the module docstring).
 
     `create(space, *, capacity=None, cache_path (a new or empty directory), multiprocessing=False,

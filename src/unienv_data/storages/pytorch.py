@@ -5,6 +5,8 @@ Files keep the reference layout (raw `.memmap` rows), so files written by `unien
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from ._array_storage import ArrayStorageBase
 
 
 @register_storage
-class PytorchTensorStorage(ArrayStorageBase):
+class PytorchTensorStorage(ArrayStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A `(capacity, *shape)` tensor of a torch Box / Binary space, on the CPU.
 
     `create(space, *, capacity, is_memmap=None, cache_path=None, multiprocessing=False, memmap_existok=True)`:

@@ -1,6 +1,8 @@
 """`TransformedStorage`: stores `transform(x)` in an inner storage and reads back through the inverse."""
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, Optional, Tuple, Type, Union
 
@@ -74,7 +76,7 @@ def _inverse_mismatch(source: Space, back: Space, where: str = "") -> Optional[s
 
 
 @register_storage
-class TransformedStorage(ValueMappingStorage):
+class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores every element as `data_transformation.transform(space, x)` in an inner storage (of the transformed
     space) and reads it back through the inverse transformation, e.g. float images in [0, 1] kept as uint8, or
     actions kept rescaled.

@@ -28,6 +28,8 @@ process (`multiprocessing=True` only for read-only opens); decoding runs on the 
 """
 from __future__ import annotations
 
+from unienv_data.base.common import BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
@@ -54,7 +56,7 @@ from ._video_writer import VideoSegmentWriter
 
 
 @register_storage
-class VideoStorage(FileRowStorage):
+class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Frames of a (H, W, 3) or (H, W) uint8 BoxSpace stored as video files (see the module docstring).
 
     `create(space, *, codec="auto", lossless=False, fps=15, gop_size=None, file_ext="mp4", file_pixel_format=None,
@@ -246,7 +248,8 @@ class VideoStorage(FileRowStorage):
             idx["runs"] = [[r, n, rename.get(name, name), f0] for r, n, name, f0 in idx["runs"]]
         plan = self._plan
         c = self._shape[2]
-        return {"storage_type": storage_type_name(type(self)), "format_version": FORMAT_VERSION,
+        # the bare class name, as unienv 0.0.1b16 writes and requires (loading here takes the module path too)
+        return {"storage_type": type(self).__name__, "format_version": FORMAT_VERSION,
                 "codec": plan.codec, "codec_base": self.codec_base, "codec_selection": self.codec_selection,
                 "lossless": plan.exact, "file_ext": plan.file_ext, "fps": self._fps_value, "gop_size": plan.gop_size,
                 "file_pixel_format": plan.pix_fmt, "buffer_pixel_format": "rgb24" if c == 3 else "gray",

@@ -16,6 +16,7 @@ import numpy as np
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import confined_path, read_json
 from unienv_data.base.registry import resolve_storage_class
+from unienv_data.base.ring import run_length
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.inspect import choose_backend, flatten_tree, open_dataset, walk
 from unienv_interface.space import DictSpace, TupleSpace
@@ -74,7 +75,7 @@ def _runs_of(segments: Optional[List[Tuple[int, int]]], capacity: Optional[int])
     """Inclusive physical `(start, end)` pairs as `(start, length)`."""
     out = set()
     for s, e in segments or []:
-        out.add((int(s), int((e - s) % capacity + 1 if capacity else e - s + 1)))
+        out.add((int(s), run_length(int(s), int(e), capacity or None)))
     return out
 
 
@@ -99,11 +100,16 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
     if cap != plan.capacity:
         storage.close()
         raise StorageStateError(f"{meta_path}: capacity is now {cap}, the read was planned for {plan.capacity}")
-    # the same rule as ReplayBuffer.load_from: a storage that persists its own segment list is authoritative
-    if meta.get("physical_segments") is None or storage._has_persistent_segments():
-        recorded = _runs_of(storage.get_segments(), cap)
+    # the same rule as ReplayBuffer.load_from: a maintained list (physical_segments) is authoritative; otherwise a
+    # storage that persists its own segment list is, and else the buffer's own list (buffer_segments)
+    listed = meta.get("physical_segments")
+    maintain = bool(meta.get("maintain_segment_metadata", listed is not None))
+    if listed is None:
+        listed = meta.get("buffer_segments")
+    if listed is not None and (maintain or not storage._has_persistent_segments()):
+        recorded = _runs_of([tuple(p) for p in listed], cap)
     else:
-        recorded = _runs_of([tuple(p) for p in meta["physical_segments"]], cap)
+        recorded = _runs_of(storage.get_segments(), cap)
     return TaskStorage(storage, backend, recorded, storage)
 
 

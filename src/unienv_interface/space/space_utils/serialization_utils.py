@@ -1,9 +1,10 @@
 """Spaces to and from JSON-compatible dicts, so a stored dataset describes itself.
 
-Format: `{"type": "BoxSpace", "shape": [...], "low": <abbreviated nested list>, "high": ..., "dtype": "float32",
+Format: `{"type": "BoxSpace", "shape": [...], "low": <nested list of the full shape>, "high": ..., "dtype": "float32",
 "metadata": {...}}`; Binary has shape and dtype; Dict has `spaces` (a mapping); Tuple has `spaces` (a list); Text
 has min_length, max_length, charset. Infinite bounds are written as JSON `Infinity`. Every dtype is supported,
-float16 and bfloat16 included. The JSON is backend-neutral: `json_to_space` rebuilds it on any backend.
+float16 and bfloat16 included. The JSON is backend-neutral: `json_to_space` rebuilds it on any backend, and reads
+bounds given as a scalar or any shape that broadcasts to the Box's (files written by earlier versions).
 """
 from __future__ import annotations
 
@@ -17,14 +18,9 @@ from ..space import Space
 from ..spaces import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
 
 
-def _abbreviate(a: np.ndarray) -> Any:
-    for axis in range(a.ndim):
-        if a.shape[axis] > 1:
-            first = np.take(a, [0], axis=axis)
-            if np.array_equal(a, np.broadcast_to(first, a.shape)):
-                a = first
-    if a.size == 1:
-        return a.reshape(()).item()
+def _full(a: np.ndarray) -> Any:
+    """Bounds as a nested list of the Box's full shape (a scalar for a 0-d Box): the form unienv 0.0.1b16 writes and
+    requires (it rejects a scalar bound for a Box of shape (3,)). Reading takes both forms (broadcast)."""
     return a.tolist()
 
 
@@ -33,8 +29,8 @@ def space_to_json(space: Space) -> Dict[str, Any]:
     b = space.backend
     out: Dict[str, Any]
     if isinstance(space, BoxSpace):
-        out = {"type": "BoxSpace", "shape": list(space.shape), "low": _abbreviate(space.low_numpy),
-               "high": _abbreviate(space.high_numpy), "dtype": b.dtype_name(space.dtype)}
+        out = {"type": "BoxSpace", "shape": list(space.shape), "low": _full(space.low_numpy),
+               "high": _full(space.high_numpy), "dtype": b.dtype_name(space.dtype)}
     elif isinstance(space, BinarySpace):
         out = {"type": "BinarySpace", "shape": list(space.shape), "dtype": b.dtype_name(space.dtype)}
     elif isinstance(space, DictSpace):

@@ -447,7 +447,7 @@ def test_convert_to_lerobot_opens_in_lerobot_with_equal_values(tmp_path: Path) -
         np.testing.assert_array_equal(theirs[cam], ours[cam], err_msg=cam)
 
 
-def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
+def test_convert_to_lerobot_maps_keys(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from unienv_data.cli.convert import storage_for_layout
     from unienv_data.replay_buffer import ReplayBuffer
     from unienv_interface.space import BoxSpace, DictSpace
@@ -473,10 +473,14 @@ def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
     out = tmp_path / "lr"
     # a 2-D tabular key cannot become a LeRobot feature: the error names it and says what to do
     assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "-q") == 1
-    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "-q", "--exclude", "grid") == 1  # no --fps
+    capfd.readouterr()
+    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--exclude", "grid") == 1  # no --fps
+    err = capfd.readouterr().err
+    assert "needs --fps N" in err and "converting" not in err      # the error, without a progress line before it
     assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "--exclude", "grid",
                 "--map", "obs/cam=observation.images.front", "--map", "obs.joints=observation.state",
                 "--map", "act=action", "-q") == 0
+    assert "Svt[info]" not in capfd.readouterr().err               # the AV1 encoder's settings log is quiet
     with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as ds:
         assert ds.get_segments() == [(0, 5), (5, 12)] and ds.fps == 5
         assert set(ds.single_space.keys()) == {"observation.images.front", "observation.state", "action",

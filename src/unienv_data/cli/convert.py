@@ -53,6 +53,8 @@ EXPORTERS: Dict[str, str] = {
     "lerobot": "unienv_data.cli._lerobot:export_lerobot",
     "minari": "unienv_data.cli._minari_hf:export_minari",
 }
+#: `--to FORMAT`: "module:function(src, args)" checking the format's options before any progress or output
+EXPORT_CHECKS: Dict[str, str] = {"lerobot": "unienv_data.cli._lerobot:check_lerobot_export"}
 #: "module:function(parser)" adding each format's own options
 FORMAT_ARGUMENTS: List[str] = ["unienv_data.cli._lerobot:add_lerobot_arguments",
                                "unienv_data.cli._minari_hf:add_minari_arguments"]
@@ -170,6 +172,8 @@ def run_export(args: argparse.Namespace, src: str, dst: str) -> int:
     try:
         with open_source(args, src) as ds:
             n = len(ds)
+            if args.dst_format in EXPORT_CHECKS:
+                _resolve(EXPORT_CHECKS[args.dst_format])(ds, args)
             with Progress(n, f"converting to {args.dst_format}", "rows", enabled=not args.quiet) as bar:
                 summary = _resolve(EXPORTERS[args.dst_format])(ds, dst, args, bar.update)
     except BaseException:

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -404,6 +404,20 @@ def test_convert_from_lerobot_defaults_to_native_video_at_the_dataset_fps(tmp_pa
         assert ours.episodes() == segments
         got = ours.read(np.arange(len(ours)))
     np.testing.assert_array_equal(np.asarray(got["observation.images.top"]), want["observation.images.top"])
+
+
+def test_convert_from_lerobot_gives_lossy_videos_a_short_gop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def gops(root: Path) -> List[Any]:
+        return [json.loads(m.read_text())["gop_size"] for m in root.rglob("*.json") if '"gop_size"' in m.read_text()]
+
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "short", "--from", "lerobot", "-q") == 0
+    assert gops(tmp_path / "short") and set(gops(tmp_path / "short")) == {2}   # LeRobot's, for random windows
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "long", "--from", "lerobot", "--gop", "8", "-q") == 0
+    assert gops(tmp_path / "long") and set(gops(tmp_path / "long")) == {8}
+    capsys.readouterr()
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "flat", "--from", "lerobot", "--layout", "native",
+                "--gop", "4", "-q") == 1
+    assert "--gop applies to --layout native-video" in capsys.readouterr().err
 
 
 def test_convert_lerobot_to_lerobot_takes_the_source_fps(tmp_path: Path) -> None:

@@ -186,7 +186,9 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
     if outside:
         notes.append(f"{outside} stretch(es) of rows outside any episode became episodes of their own")
     wanted = list(names) + ([task_key] if task_key and task_key not in names else [])
-    writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options)
+    gop = {} if getattr(args, "gop", None) is None else {"gop": args.gop}
+    writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options,
+                             **gop)
     try:
         for s, e, _is_episode in parts:
             writer.begin_episode(args.task)

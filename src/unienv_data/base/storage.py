@@ -232,7 +232,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def _check_writable(self) -> None:
         self._check_open()
         if not self.is_mutable:
-            raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True)")
+            raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
+                                       "load_from's default); to continue recording, reopen it writable: "
+                                       "ReplayBuffer.load_from(path, backend=..., read_only=False)")
 
     # ------------------------------------------------------------------ segments
     def _segment_log(self) -> Optional[SegmentLog]:

@@ -533,7 +533,7 @@ def test_episode_longer_than_capacity_is_rejected(rb6: ReplayBuffer) -> None:
     w = rb6.open_segment_writer()
     for i in range(7):
         w.append(single(100 + i))
-    with pytest.raises(ValueError, match="capacity"):
+    with pytest.raises(ValueError, match="capacity of at least 7"):     # raise the capacity, not split it
         rb6.commit_segment(w)
     assert (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments()) == before
     # exactly the capacity fits

@@ -293,7 +293,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         if cap is not None:
             if self._seg_len >= cap:
                 raise ValueError(f"the open segment already holds {self._seg_len} rows = the capacity {cap}; "
-                                 "one more would overwrite its own first row")
+                                 "one more would overwrite its own first row: create the storage with a capacity "
+                                 "of at least the longest episode (or capacity=None, growable)")
             pos = (self._seg_start + self._seg_len) % cap
         else:
             pos = self._seg_start + self._seg_len
@@ -447,7 +448,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         cap = self.capacity
         if cap is not None and self.pending_segment_length >= cap:
             raise ValueError(f"the open segment already holds {cap} rows = the capacity {cap}; one more would "
-                             "overwrite its own first row")
+                             "overwrite its own first row: create the storage with a capacity of at least the "
+                             "longest episode (or capacity=None, growable)")
 
     def _precheck(self, value: Any, count: Optional[int] = None) -> None:
         """A dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging

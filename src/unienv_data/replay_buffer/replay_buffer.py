@@ -568,7 +568,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         n = len(writer)
         cap = st.capacity
         if cap is not None and n > cap:
-            raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}")
+            raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}: create the "
+                             f"buffer with a capacity of at least {n} (or capacity=None, growable), or record it "
+                             f"with append(), which keeps its newest {cap} rows")
         with self._state.locked():
             old = (self._state.count, self._state.offset)
             written = self._state.total_written

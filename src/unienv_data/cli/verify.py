@@ -250,10 +250,10 @@ def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, pr
                         bad = check(np.asarray(ds.backend.to_numpy(v)))
                         if bad.any():
                             out_of_bounds.setdefault(k, []).extend(rows[np.flatnonzero(bad)].tolist()[:5])
-        for k, rows in out_of_bounds.items():
+        for k, bad_rows in out_of_bounds.items():
             sp = ds.leaf_spaces[k]
             problems.append(f"{_leaf_owner(root, k) or path}: key {k!r} holds values outside its space bounds "
-                            f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {rows[:5]}")
+                            f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {bad_rows[:5]}")
         checked["rows_read"] = int(in_use.size)
         checked["capacity_rows"] = n_rows
         checked["keys_out_of_bounds"] = sorted(out_of_bounds)

@@ -19,8 +19,9 @@ Other tools' formats:
 
 * `--from FORMAT` reads SRC as another tool's dataset and writes DST in `--layout` as above: `lerobot`, a LeRobot
   dataset folder (v2.0, v2.1, v3.0; one segment per LeRobot episode; `--layout` defaults to `native-video`, whose
-  videos record the dataset's fps and, lossy, a GOP of 2 like LeRobot's own unless `--gop` says otherwise); `minari`, a Minari folder (HDF5 or Arrow); `hf`, a Hugging Face dataset saved
-  with `save_to_disk` (episodes from `--episode-column`).
+  videos record the dataset's fps and, when lossy, LeRobot's GOP of 2 unless `--gop` says otherwise); `minari`, a
+  Minari folder (HDF5 or Arrow); `hf`, a Hugging Face dataset saved with `save_to_disk` (episodes from
+  `--episode-column`).
 * `--to FORMAT` writes DST in another tool's format instead of a layout: `lerobot`, a LeRobot v3.0 dataset
   (`--fps N`, default SRC's; SRC's keys are the feature names, nested keys joined with dots, or `--map ours=theirs`
   renames them, `--exclude KEY` leaves one out; uint8 (H, W, 3) keys become video cameras, the rest tabular

@@ -3,12 +3,13 @@
 
 The dataset is one written by `unienv-data demo` (recorded into `--data` first when that directory holds none):
 steps with `obs/position`, `obs/velocity`, a 64x64 `obs/camera` frame and a 2-d `action`. The policy maps the
-observation to the action; the loss is the mean squared error.
+observation to an action chunk (the next `--chunk` actions); the loss is the mean squared error over the steps of
+the chunk that lie inside the episode.
 
-The DataLoader reads through `unienv_data.integrations.pytorch.UniEnvAsPyTorchDataset`: its `__getitems__` reads
-a whole batch with one gather per storage, and worker processes (`--workers`) map the same memory-mapped files
-instead of copying them. Without that module the example falls back to a minimal Dataset doing the same.
-At the end it draws windows of consecutive steps (`SliceSampler`), what a sequence model would train on.
+The recommended pattern (docs/batches.md): the buffer opened with `backend="numpy"` (reads are fastest there, and
+the loader hands back torch tensors anyway), a `WindowDataset` naming the keys and their step offsets (pad masks
+where a window leaves its episode), and `shared_memory_dataloader`, whose worker processes (`--workers`) map the
+same memory-mapped files and hand batches back through shared memory.
 
     python examples/train_dataloader.py --data /tmp/unienv-demo --epochs 5 --workers 2
 """
@@ -19,61 +20,33 @@ import contextlib
 import io
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
+from unienv_data.batches import WindowDataset
+from unienv_data.integrations.torch_loader import shared_memory_dataloader
 from unienv_data.replay_buffer import ReplayBuffer
-from unienv_data.samplers import SliceSampler
-from unienv_interface.backends.pytorch import PyTorchComputeBackend
-
-
-class BufferDataset(Dataset):  # type: ignore[type-arg]
-    """The fallback: a map-style Dataset over a ReplayBuffer, batched reads through `__getitems__`."""
-
-    def __init__(self, buffer: ReplayBuffer) -> None:
-        self.buffer = buffer
-
-    def __len__(self) -> int:
-        return len(self.buffer)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.buffer.get_at(int(i))
-
-    def __getitems__(self, indices: Any) -> Any:
-        return self.buffer.get_at(np.asarray(indices, dtype=np.int64))
-
-    @staticmethod
-    def collate_fn(batch: Any) -> Any:
-        return batch
-
-
-def make_dataset(buffer: ReplayBuffer) -> Any:
-    try:
-        from unienv_data.integrations.pytorch import UniEnvAsPyTorchDataset
-    except ImportError:
-        return BufferDataset(buffer)
-    return UniEnvAsPyTorchDataset(buffer)
 
 
 class Policy(nn.Module):
-    """A small CNN on the camera frame, concatenated with position and velocity, to a tanh action."""
+    """A small CNN on the camera frame, concatenated with position and velocity, to a chunk of tanh actions."""
 
-    def __init__(self, action_dim: int = 2) -> None:
+    def __init__(self, chunk: int, action_dim: int = 2) -> None:
         super().__init__()
+        self.chunk, self.action_dim = chunk, action_dim
         self.cnn = nn.Sequential(
             nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(),
             nn.Conv2d(16, 32, 5, stride=2, padding=2), nn.ReLU(),
             nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 64), nn.ReLU())
-        self.head = nn.Sequential(nn.Linear(64 + 4, 64), nn.ReLU(), nn.Linear(64, action_dim), nn.Tanh())
+        self.head = nn.Sequential(nn.Linear(64 + 4, 64), nn.ReLU(), nn.Linear(64, chunk * action_dim), nn.Tanh())
 
-    def forward(self, obs: Dict[str, torch.Tensor]) -> torch.Tensor:
-        frames = obs["camera"].permute(0, 3, 1, 2).float() / 255.0        # uint8 NHWC -> float NCHW
-        state = torch.cat([obs["position"], obs["velocity"]], dim=-1)
-        return self.head(torch.cat([self.cnn(frames), state], dim=-1))   # type: ignore[no-any-return]
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        frames = batch["obs/camera"][:, 0].permute(0, 3, 1, 2).float() / 255.0     # (B, 1, H, W, C) uint8 -> NCHW
+        state = torch.cat([batch["obs/position"][:, 0], batch["obs/velocity"][:, 0]], dim=-1)
+        out = self.head(torch.cat([self.cnn(frames), state], dim=-1))
+        return out.view(-1, self.chunk, self.action_dim)   # type: ignore[no-any-return]
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -82,6 +55,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--episodes", type=int, default=12, help="episodes to record when --data holds no dataset")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=8, help="actions predicted per step (an action chunk)")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0: read in this process)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the model (a small model: 1-4)")
     ap.add_argument("--seed", type=int, default=0)
@@ -97,30 +71,32 @@ def main(argv: Optional[list] = None) -> int:
         if code != 0:
             return code
 
-    buffer = ReplayBuffer.load_from(args.data, backend=PyTorchComputeBackend)    # read-only, memory-mapped
-    dataset = make_dataset(buffer)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                        collate_fn=type(dataset).collate_fn, persistent_workers=args.workers > 0)
-    policy = Policy()
+    buffer = ReplayBuffer.load_from(args.data, backend="numpy")     # read-only, memory-mapped
+    windows = {"obs/camera": [0], "obs/position": [0], "obs/velocity": [0], "action": range(args.chunk)}
+    dataset = WindowDataset(buffer, windows, pad=True)              # one item per step, pad masks at episode ends
+    loader = shared_memory_dataloader(dataset, batch_size=args.batch_size, shuffle=True, seed=args.seed,
+                                      num_workers=args.workers, persistent_workers=args.workers > 0)
+    policy = Policy(args.chunk)
     optim = torch.optim.Adam(policy.parameters(), lr=3e-3)
-    print(f"training on {len(buffer)} steps ({len(buffer.get_segments() or [])} episodes) from {args.data}, "
+    print(f"training on {len(buffer)} steps ({len(dataset.episodes)} episodes) from {args.data}, "
           f"{args.workers} DataLoader workers")
     for epoch in range(1, args.epochs + 1):
         t0, total, n = time.perf_counter(), 0.0, 0
         for batch in loader:
-            loss = nn.functional.mse_loss(policy(batch["obs"]), batch["action"])
+            keep = (~batch["action_is_pad"]).unsqueeze(-1).float()         # (B, chunk, 1): steps inside the episode
+            err = (policy(batch) - batch["action"]) ** 2 * keep
+            loss = err.sum() / (keep.sum() * policy.action_dim)
             optim.zero_grad()
             loss.backward()
             optim.step()
             total += float(loss.detach()) * batch["action"].shape[0]
             n += batch["action"].shape[0]
         secs = time.perf_counter() - t0
-        print(f"epoch {epoch}: loss {total / n:.4f}  ({n / secs:,.0f} steps/s)")
+        print(f"epoch {epoch}: loss {total / n:.4f}  ({n / secs:,.0f} windows/s)")
+        del batch                                                          # frees its shared-memory slot
 
-    windows = SliceSampler(buffer, batch_size=16, window=8, seed=args.seed)
-    data, mask = windows.sample()
-    print(f"windows for a sequence model: obs/camera {tuple(data['obs']['camera'].shape)}, action "
-          f"{tuple(data['action'].shape)}, mask {tuple(mask.shape)}")
+    print(f"windows for a sequence model: obs/camera {tuple(dataset[0]['obs/camera'].shape)}, action "
+          f"{tuple(dataset[0]['action'].shape)}, action_is_pad {tuple(dataset[0]['action_is_pad'].shape)}")
     buffer.close()
     return 0
 

@@ -164,6 +164,21 @@ def test_verify_ok_then_truncated_file_is_reported(demo_copy: Path) -> None:
     assert report["ok"] is False and any("obs.camera.memmap" in p for p in report["problems"])
 
 
+def test_verify_and_info_count_the_rows_in_use_not_the_preallocated_ring(tmp_path: Path) -> None:
+    ring = tmp_path / "ring"
+    summary = run_json("demo", "--out", ring, "--episodes", 2, "--steps", 20, "--capacity", 3000, "--backend", "numpy")
+    n = sum(summary["episode_lengths"])
+    report = json.loads(run_cli("verify", ring, "--json", "-q").stdout)
+    assert report["checked"]["rows_read"] == n and report["checked"]["capacity_rows"] == 3000
+    text = run_cli("verify", ring)
+    assert f"the {n} rows in use (of 3000 preallocated)" in text.stdout
+    assert f"verifying rows: {n} rows in" in text.stderr           # the bar counts steps, as `stats` does
+    d = run_json("info", ring)
+    assert 0 < d["allocated_bytes"] <= d["total_bytes"] + 4096 * len(list(ring.rglob("*")))
+    if d["allocated_bytes"] < 0.9 * d["total_bytes"]:            # sparse files (most file systems)
+        assert "allocated on disk" in run_cli("info", ring).stdout
+
+
 def test_verify_reports_damaged_metadata_and_checksum_mismatch(demo_copy: Path) -> None:
     wrote = run_cli("verify", demo_copy, "--write-checksums", "-q")
     assert (demo_copy / "checksums.sha256").is_file() and "wrote" in wrote.stdout

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -406,6 +406,20 @@ def test_convert_from_lerobot_defaults_to_native_video_at_the_dataset_fps(tmp_pa
     np.testing.assert_array_equal(np.asarray(got["observation.images.top"]), want["observation.images.top"])
 
 
+def test_convert_from_lerobot_gives_lossy_videos_a_short_gop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def gops(root: Path) -> List[Any]:
+        return [json.loads(m.read_text())["gop_size"] for m in root.rglob("*.json") if '"gop_size"' in m.read_text()]
+
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "short", "--from", "lerobot", "-q") == 0
+    assert gops(tmp_path / "short") and set(gops(tmp_path / "short")) == {2}   # LeRobot's, for random windows
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "long", "--from", "lerobot", "--gop", "8", "-q") == 0
+    assert gops(tmp_path / "long") and set(gops(tmp_path / "long")) == {8}
+    capsys.readouterr()
+    assert _cli("convert", FIXTURES / "v21_video", tmp_path / "flat", "--from", "lerobot", "--layout", "native",
+                "--gop", "4", "-q") == 1
+    assert "--gop applies to --layout native-video" in capsys.readouterr().err
+
+
 def test_convert_lerobot_to_lerobot_takes_the_source_fps(tmp_path: Path) -> None:
     # --from and --to combine through the generic tables; without --fps the source's is used
     out = tmp_path / "v30"
@@ -447,7 +461,7 @@ def test_convert_to_lerobot_opens_in_lerobot_with_equal_values(tmp_path: Path) -
         np.testing.assert_array_equal(theirs[cam], ours[cam], err_msg=cam)
 
 
-def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
+def test_convert_to_lerobot_maps_keys(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from unienv_data.cli.convert import storage_for_layout
     from unienv_data.replay_buffer import ReplayBuffer
     from unienv_interface.space import BoxSpace, DictSpace
@@ -473,10 +487,14 @@ def test_convert_to_lerobot_maps_keys(tmp_path: Path) -> None:
     out = tmp_path / "lr"
     # a 2-D tabular key cannot become a LeRobot feature: the error names it and says what to do
     assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "-q") == 1
-    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "-q", "--exclude", "grid") == 1  # no --fps
+    capfd.readouterr()
+    assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--exclude", "grid") == 1  # no --fps
+    err = capfd.readouterr().err
+    assert "needs --fps N" in err and "converting" not in err      # the error, without a progress line before it
     assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "--exclude", "grid",
                 "--map", "obs/cam=observation.images.front", "--map", "obs.joints=observation.state",
                 "--map", "act=action", "-q") == 0
+    assert "Svt[info]" not in capfd.readouterr().err               # the AV1 encoder's settings log is quiet
     with LeRobotAsUniEnvDataset.from_local(out, NumpyComputeBackend) as ds:
         assert ds.get_segments() == [(0, 5), (5, 12)] and ds.fps == 5
         assert set(ds.single_space.keys()) == {"observation.images.front", "observation.state", "action",

@@ -439,3 +439,30 @@ class TestVideoOption:
         assert back.get_segments() == [(0, 2), (4, 4)]
         assert_tree_equal(back.get(np.array([0, 1, 2, 4])), stack_tree(vals))
         back.close()
+
+
+def test_a_grouped_leaf_is_a_column_and_a_misspelt_key_is_named(tmp_path: Any) -> None:
+    from unienv_data.replay_buffer import ReplayBuffer
+    sp = w2_space(NB)
+    rb = ReplayBuffer.create(DictStorage, sp, cache_path=str(tmp_path / "rb"), capacity=8, **native_layout_kwargs(sp))
+    assert "action" not in rb.storage.storages                 # it lives in the per-dtype group
+    rows = []
+    for t in range(3):
+        row = {"obs": np.full(64, t, np.float32), "action": np.full(8, t / 10, np.float32),
+               "reward": np.float32(t), "terminated": False, "image": np.full((8, 8, 3), t, np.uint8)}
+        rows.append(row)
+        rb.append(row)
+    rb.mark_segment_end()
+    action = rb.get_column("action")
+    np.testing.assert_array_equal(action.get_at(slice(None)), np.stack([r["action"] for r in rows]))
+    action.set_at(1, np.full(8, 0.5, np.float32))              # writes the field, keeps the group's other fields
+    np.testing.assert_array_equal(rb.get_at(1)["action"], np.full(8, 0.5, np.float32))
+    np.testing.assert_array_equal(rb.get_at(1)["obs"], rows[1]["obs"])
+    with pytest.raises(KeyError, match="no column 'actions'"):
+        rb.get_column("actions")
+    # a misspelt key: both the missing and the unexpected key in one message
+    bad = dict(rows[0])
+    bad["actions"] = bad.pop("action")
+    with pytest.raises(KeyError, match=r"missing key\(s\) \['action'\], unexpected key\(s\) \['actions'\]"):
+        rb.append(bad)
+    rb.close()

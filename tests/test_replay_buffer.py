@@ -249,6 +249,28 @@ def test_reference_style_create_and_load(tmp_path: Any) -> None:
     rb3.close()
 
 
+def test_a_backend_typo_is_the_callers_error_and_a_read_only_load_says_how_to_append(tmp_path: Any) -> None:
+    d = os.fspath(tmp_path / "buf")
+    rb = _torch_memmap_create(d, 8)
+    write_episode(rb, [1, 2])
+    rb.close()
+    # the misspelt backend is named with the valid names, not blamed on metadata.json
+    with pytest.raises(ValueError, match="unknown backend name 'pytroch'.*'torch'") as info:
+        ReplayBuffer.load_from(d, backend="pytroch", is_memmap=True)
+    assert "metadata.json" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown backend name"):
+        ReplayBuffer.get_space_from_path(d, backend="pytroch")
+    ro = ReplayBuffer.load_from(d, backend="torch", is_memmap=True)
+    with pytest.raises(StorageStateError, match=r"read_only=False"):
+        ro.append(single(3))
+    ro.close()
+    # what the message advises: reopen writable, append, mark the episode's end
+    rw = ReplayBuffer.load_from(d, backend="torch", is_memmap=True, read_only=False)
+    write_episode(rw, [3, 4])
+    assert_buffer(rw, [1, 2, 3, 4], [(0, 2), (2, 4)])
+    rw.close()
+
+
 def test_close_of_a_memmap_buffer_persists_without_dumps(tmp_path: Any) -> None:
     d = os.fspath(tmp_path / "buf")
     rb = _torch_memmap_create(d, 4)
@@ -511,7 +533,7 @@ def test_episode_longer_than_capacity_is_rejected(rb6: ReplayBuffer) -> None:
     w = rb6.open_segment_writer()
     for i in range(7):
         w.append(single(100 + i))
-    with pytest.raises(ValueError, match="capacity"):
+    with pytest.raises(ValueError, match="capacity of at least 7"):     # raise the capacity, not split it
         rb6.commit_segment(w)
     assert (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments()) == before
     # exactly the capacity fits

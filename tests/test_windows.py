@@ -190,6 +190,18 @@ def test_normalisation_with_stats_written_beside_the_dataset(buffer: ReplayBuffe
     assert ds.single_space.contains(ds[0])
 
 
+def test_stats_of_another_dataset_are_refused_naming_key_and_shapes(buffer: ReplayBuffer, tmp_path: Path) -> None:
+    doc = compute_stats(buffer)
+    doc["features"]["action"] = {**doc["features"]["action"], **{s: 0.5 for s in ("mean", "std", "min", "max")}}
+    write_stats(tmp_path, doc)                   # scalar action stats (another dataset's) for a 2-d action
+    with pytest.raises(ValueError, match=r"'action'.*shape \(\).*leaf shape is \(2,\)"):
+        WindowDataset(buffer, {"action": [0]}, stats=tmp_path, normalize={"action": "mean_std"})
+    del doc["features"]["obs/pos"]
+    write_stats(tmp_path, doc)
+    with pytest.raises(KeyError, match="stats.json.*'obs/pos'"):
+        WindowDataset(buffer, {"obs/pos": [0]}, stats=tmp_path, normalize={"obs/pos": "mean_std"})
+
+
 def test_a_sampler_draws_reproducible_random_batches_of_windows(buffer: ReplayBuffer) -> None:
     ds = WindowDataset(buffer, WINDOWS)
     a = StepSampler(ds, batch_size=8, seed=3).sample()

@@ -62,7 +62,8 @@ class SegmentWriter(ABC):
         cap = self.storage.capacity
         if cap is not None and self._length > cap:
             raise ValueError(f"Cannot commit a segment of {self._length} rows into capacity {cap}: "
-                             "it would overwrite its own rows")
+                             f"it would overwrite its own rows; create the storage with a capacity of at least "
+                             f"{self._length} (or capacity=None, growable)")
         start = self.storage._normalize_segment_start(start_index)
         self.storage._check_writable()
         self._state = _FINISHED

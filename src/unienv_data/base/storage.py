@@ -232,7 +232,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def _check_writable(self) -> None:
         self._check_open()
         if not self.is_mutable:
-            raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True)")
+            raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
+                                       "load_from's default); to continue recording, reopen it writable: "
+                                       "ReplayBuffer.load_from(path, backend=..., read_only=False)")
 
     # ------------------------------------------------------------------ segments
     def _segment_log(self) -> Optional[SegmentLog]:
@@ -291,7 +293,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         if cap is not None:
             if self._seg_len >= cap:
                 raise ValueError(f"the open segment already holds {self._seg_len} rows = the capacity {cap}; "
-                                 "one more would overwrite its own first row")
+                                 "one more would overwrite its own first row: create the storage with a capacity "
+                                 "of at least the longest episode (or capacity=None, growable)")
             pos = (self._seg_start + self._seg_len) % cap
         else:
             pos = self._seg_start + self._seg_len
@@ -445,7 +448,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         cap = self.capacity
         if cap is not None and self.pending_segment_length >= cap:
             raise ValueError(f"the open segment already holds {cap} rows = the capacity {cap}; one more would "
-                             "overwrite its own first row")
+                             "overwrite its own first row: create the storage with a capacity of at least the "
+                             "longest episode (or capacity=None, growable)")
 
     def _precheck(self, value: Any, count: Optional[int] = None) -> None:
         """A dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging

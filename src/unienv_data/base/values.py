@@ -14,8 +14,9 @@ Rules (what "no silent casts" means here):
 """
 from __future__ import annotations
 
+import difflib
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -240,3 +241,17 @@ class LeafConverter:
                       f"bounds [{lo.reshape(-1)[bad].item()!r}, {hi.reshape(-1)[bad].item()!r}]; it is stored as given "
                       "(further values outside the bounds of this key are not reported)", BoundsWarning, stacklevel=2)
         self.warned = True      # only once the warning did not raise: an "error" filter refuses every time
+
+
+def key_set_error(given: Iterable[Any], expected: Iterable[Any], at: str = "") -> KeyError:
+    """The KeyError for a dict value whose keys are not the space's: the missing AND the unexpected keys in one
+    message (a misspelt key is both), a likely intended key for each unexpected one, and the expected set. `at`
+    says where the dict sits (e.g. " under 'obs'")."""
+    got, want = set(given), set(expected)
+    missing = sorted(map(str, want - got))
+    extra = sorted(map(str, got - want))
+    parts = ([f"missing key(s) {missing}"] if missing else []) + ([f"unexpected key(s) {extra}"] if extra else [])
+    guesses = [f"{m[0]!r} for {e!r}" for e in extra for m in [difflib.get_close_matches(e, missing, n=1)] if m]
+    hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+    return KeyError(f"{', '.join(parts)}{at}{hint}: the space expects {sorted(map(str, want))} (extra keys are "
+                    "never dropped silently)")

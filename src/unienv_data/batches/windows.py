@@ -36,6 +36,7 @@ feeds the samplers: ``StepSampler(ds, batch_size=64, seed=0).sample()`` is a ran
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -145,7 +146,9 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
     # ------------------------------------------------------------------ setup
     def _prepare_normalization(self, stats: Any, source: BatchBase) -> None:
         from unienv_data.stats import as_stats
+        from unienv_data.stats import stats_path
         table = as_stats(stats)
+        where = (stats_path(stats) if isinstance(stats, (str, os.PathLike)) else "the statistics given as a dict")
         B, dev = source.backend, source.device
         f32 = B.dtype_from_name("float32")
         for k in self.keys:
@@ -157,8 +160,8 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
                                 f"{type(sub).__name__}")
             sname = path_name(k.path)
             if sname not in table:
-                raise KeyError(f"normalize[{k.name!r}]: the statistics have no feature {sname!r} (they have "
-                               f"{sorted(table)}); recompute them with `unienv-data stats PATH`")
+                raise KeyError(f"normalize[{k.name!r}]: {where} has no feature {sname!r} (it has {sorted(table)}); "
+                               "compute statistics of this dataset with `unienv-data stats PATH`")
             st = table[sname]
             if k.mode == "mean_std":
                 lo, spread = st["mean"], st["std"]
@@ -169,11 +172,13 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
                 half = np.where(spread > 0, spread, 2.0) / 2.0
                 shift, scale = lo + half, half
             shape = tuple(sub.shape or ())
-            try:
-                np.broadcast_shapes(np.shape(shift), shape)
-            except ValueError:
-                raise ValueError(f"normalize[{k.name!r}]: statistics of shape {np.shape(shift)} do not broadcast "
-                                 f"against the key's shape {shape}; recompute them for this dataset") from None
+            # what compute_stats writes for this leaf: per entry up to 1 axis, per entry of the last axis above
+            fits = {shape, shape if len(shape) <= 1 else shape[-1:]}
+            if tuple(np.shape(shift)) not in fits:
+                raise ValueError(f"normalize[{k.name!r}]: {where} holds {sname!r} statistics of shape "
+                                 f"{tuple(np.shape(shift))}, but the key's leaf shape is {shape} (statistics of "
+                                 f"shape {' or '.join(str(f) for f in sorted(fits))} fit); these statistics belong "
+                                 "to another dataset: compute this one's with `unienv-data stats PATH`")
             k.shift = B.from_numpy(np.asarray(shift, np.float32), dtype=f32, device=dev)
             k.scale = B.from_numpy(np.asarray(scale, np.float32), dtype=f32, device=dev)
 

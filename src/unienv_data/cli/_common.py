@@ -147,7 +147,10 @@ class Progress:
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None and not self.tty:
+            self._closed = True        # the error speaks for itself: no "done" line before it
+            return
         self.close()
 
 

@@ -154,21 +154,27 @@ def _texts_of(indices: np.ndarray, names: Dict[int, str], key: str) -> List[str]
     return [names[int(i)] for i in flat]
 
 
+def check_lerobot_export(ds: Any, args: argparse.Namespace) -> int:
+    """The options of `--to lerobot` checked before anything is written (CLIError naming the option); returns the
+    fps (`--fps`, else the source's)."""
+    fps = args.fps if args.fps is not None else getattr(ds, "fps", None)
+    if fps is None or int(fps) != fps or fps <= 0:
+        raise CLIError("--to lerobot needs --fps N (a positive integer: LeRobot stores timestamps as frame / fps)")
+    if args.lossless:
+        raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
+    if (args.task_key is None) != (args.task_names is None):
+        raise CLIError("--task-key and --task-names go together (the indices and their texts)")
+    return int(fps)
+
+
 def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
     """Writes the opened dataset `ds` as a LeRobot v3.0 folder at `dst`: one LeRobot episode per episode of `ds` (a
     stretch of rows outside every episode becomes an episode of its own); returns the summary."""
     from unienv_data.integrations.lerobot_export import LeRobotV3Writer
     from .convert import pieces
-    fps = args.fps if args.fps is not None else getattr(ds, "fps", None)
-    if fps is None or int(fps) != fps or fps <= 0:
-        raise CLIError("--to lerobot needs --fps N (a positive integer: LeRobot stores timestamps as frame / fps)")
-    fps = int(fps)
-    if args.lossless:
-        raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
+    fps = check_lerobot_export(ds, args)
     codec = {"auto": "libsvtav1"}.get(args.codec, args.codec)
     options = None if args.crf is None else {"crf": str(args.crf)}
-    if (args.task_key is None) != (args.task_names is None):
-        raise CLIError("--task-key and --task-names go together (the indices and their texts)")
     task_names = _task_names(args.task_names) if args.task_names is not None else {}
     task_key = None if args.task_key is None else args.task_key.replace(".", "/")
     if task_key is not None and task_key not in ds.leaf_spaces:
@@ -180,7 +186,9 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
     if outside:
         notes.append(f"{outside} stretch(es) of rows outside any episode became episodes of their own")
     wanted = list(names) + ([task_key] if task_key and task_key not in names else [])
-    writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options)
+    gop = {} if getattr(args, "gop", None) is None else {"gop": args.gop}
+    writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options,
+                             **gop)
     try:
         for s, e, _is_episode in parts:
             writer.begin_episode(args.task)
@@ -199,4 +207,4 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
             "features": {k: list(v[1]) if v[0] == "video" else v[0] for k, v in features.items()}, "notes": notes}
 
 
-__all__ = ["add_lerobot_arguments", "is_lerobot_folder", "open_lerobot", "export_lerobot", "lerobot_features"]
+__all__ = ["add_lerobot_arguments", "check_lerobot_export", "is_lerobot_folder", "open_lerobot", "export_lerobot", "lerobot_features"]

@@ -8,16 +8,20 @@ kept with its boundaries, rows outside any episode copied as they are. Layouts:
   dtype, so uint8 images next to float32 keys take 4x their bytes: a FlattenPromotionWarning says so);
 * `native`: the native layout (every leaf in its own dtype, low-dimensional leaves in one flat row per dtype,
   images in their own uint8 array storage);
-* `native-video`: the same with images in a `VideoStorage` (`--codec`, `--lossless`, `--crf`).
+* `native-video`: the same with images in a `VideoStorage` (`--codec`, `--lossless`, `--crf`, `--gop`).
+
+`--gop N` is the keyframe interval of the videos (native-video and `--to lerobot`): a random frame decodes from the
+keyframe before it, so a short GOP reads random training windows faster and a long one makes smaller files.
 
 The copy streams: SRC is read `--chunk` rows at a time, so memory stays bounded by one chunk whatever the size.
 
-Other tools' formats, each in its own module named in IMPORTERS / EXPORTERS / FORMAT_ARGUMENTS:
+Other tools' formats:
 
 * `--from FORMAT` reads SRC as another tool's dataset and writes DST in `--layout` as above: `lerobot`, a LeRobot
   dataset folder (v2.0, v2.1, v3.0; one segment per LeRobot episode; `--layout` defaults to `native-video`, whose
-  videos record the dataset's fps); `minari`, a Minari folder (HDF5 or Arrow); `hf`, a Hugging Face dataset saved
-  with `save_to_disk` (episodes from `--episode-column`).
+  videos record the dataset's fps and, when lossy, LeRobot's GOP of 2 unless `--gop` says otherwise); `minari`, a
+  Minari folder (HDF5 or Arrow); `hf`, a Hugging Face dataset saved with `save_to_disk` (episodes from
+  `--episode-column`).
 * `--to FORMAT` writes DST in another tool's format instead of a layout: `lerobot`, a LeRobot v3.0 dataset
   (`--fps N`, default SRC's; SRC's keys are the feature names, nested keys joined with dots, or `--map ours=theirs`
   renames them, `--exclude KEY` leaves one out; uint8 (H, W, 3) keys become video cameras, the rest tabular
@@ -47,12 +51,16 @@ IMPORTERS: Dict[str, str] = {
 }
 #: `--from FORMAT` without `--layout` or `--to`: the layout DST gets (formats not named here need `--layout`)
 DEFAULT_LAYOUTS: Dict[str, str] = {"lerobot": "native-video"}
+#: `--from FORMAT` into `native-video` without `--gop` (and without `--lossless`): the keyframe interval DST gets
+DEFAULT_GOPS: Dict[str, int] = {"lerobot": 2}
 #: `--to FORMAT`: "module:function(src, dst, args, progress)" returning a summary dict (`episodes`, and optionally
 #: `format`, a description printed after DST, and `notes`, lines printed after the summary)
 EXPORTERS: Dict[str, str] = {
     "lerobot": "unienv_data.cli._lerobot:export_lerobot",
     "minari": "unienv_data.cli._minari_hf:export_minari",
 }
+#: `--to FORMAT`: "module:function(src, args)" checking the format's options before any progress or output
+EXPORT_CHECKS: Dict[str, str] = {"lerobot": "unienv_data.cli._lerobot:check_lerobot_export"}
 #: "module:function(parser)" adding each format's own options
 FORMAT_ARGUMENTS: List[str] = ["unienv_data.cli._lerobot:add_lerobot_arguments",
                                "unienv_data.cli._minari_hf:add_minari_arguments"]
@@ -80,6 +88,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--codec", default="auto", help="native-video: encoder (default auto: the first that works here)")
     p.add_argument("--lossless", action="store_true", help="native-video: a lossless codec (frames kept exactly)")
     p.add_argument("--crf", type=int, default=None, help="native-video: quality of a lossy H.264/AV1 codec")
+    p.add_argument("--gop", type=int, default=None, metavar="N",
+                   help="native-video and --to lerobot: a keyframe every N frames (short: faster random reads; long: "
+                        "smaller files; default 10, or 2 for --from lerobot and --to lerobot)")
     p.add_argument("--force", action="store_true", help="replace DST if it holds files")
     add_backend_flag(p)
     add_output_flags(p)
@@ -89,9 +100,10 @@ def add_parser(sub: Any) -> None:
 
 
 def storage_for_layout(space: Any, layout: str, codec: str = "auto", lossless: bool = False,
-                       crf: Optional[int] = None, fps: Optional[float] = None) -> Tuple[Any, Dict[str, Any]]:
-    """`(storage class, ReplayBuffer.create kwargs)` of a layout; `fps` is what `native-video` files record (default:
-    VideoStorage's)."""
+                       crf: Optional[int] = None, fps: Optional[float] = None,
+                       gop: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]:
+    """`(storage class, ReplayBuffer.create kwargs)` of a layout; `fps` and `gop` (keyframe interval) are what
+    `native-video` files record (default: VideoStorage's)."""
     if layout == "flattened":
         from unienv_data.storages.flattened import FlattenedStorage
         try:
@@ -113,6 +125,8 @@ def storage_for_layout(space: Any, layout: str, codec: str = "auto", lossless: b
             video_kwargs["encoder_options"] = {"crf": str(crf)}
         if fps is not None:
             video_kwargs["fps"] = fps
+        if gop is not None:
+            video_kwargs["gop_size"] = gop
     try:
         kwargs = native_layout_kwargs(space, image_storage="video" if layout == "native-video" else "array",
                                       video_kwargs=video_kwargs or None)
@@ -170,6 +184,8 @@ def run_export(args: argparse.Namespace, src: str, dst: str) -> int:
     try:
         with open_source(args, src) as ds:
             n = len(ds)
+            if args.dst_format in EXPORT_CHECKS:
+                _resolve(EXPORT_CHECKS[args.dst_format])(ds, args)
             with Progress(n, f"converting to {args.dst_format}", "rows", enabled=not args.quiet) as bar:
                 summary = _resolve(EXPORTERS[args.dst_format])(ds, dst, args, bar.update)
     except BaseException:
@@ -202,6 +218,13 @@ def run(args: argparse.Namespace) -> int:
     if args.layout is not None and args.layout != "native-video" and (
             args.lossless or args.crf is not None or args.codec != "auto"):
         raise CLIError("--codec, --lossless and --crf apply to --layout native-video")
+    if args.gop is not None:
+        if args.gop < 1:
+            raise CLIError(f"--gop must be at least 1 (a keyframe every N frames), got {args.gop}")
+        if args.layout not in (None, "native-video") or args.dst_format not in (None, "lerobot"):
+            raise CLIError("--gop applies to --layout native-video and --to lerobot (the formats with videos)")
+    elif args.layout == "native-video" and args.src_format in DEFAULT_GOPS and not args.lossless:
+        args.gop = DEFAULT_GOPS[args.src_format]
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
     if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
         raise CLIError("SRC and DST must be different, non-nested directories")
@@ -247,7 +270,8 @@ def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace) -> int
     if cap is not None and n > cap:
         raise CLIError(f"--capacity {cap} is smaller than the {n} rows of SRC")
     fps = source_fps(ds) if args.layout == "native-video" else None
-    storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf, fps=fps)
+    storage_cls, kwargs = storage_for_layout(ds.space, args.layout, args.codec, args.lossless, args.crf, fps=fps,
+                                             gop=args.gop)
     prepare_output_dir(dst, set(), "convert", force=args.force)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -285,6 +309,8 @@ def copy_to_buffer(ds: Any, src: str, dst: str, args: argparse.Namespace) -> int
                "bytes_per_key": after["bytes_per_key"], "warnings": notes}
     if fps is not None:
         summary["fps"] = fps
+    if args.gop is not None:
+        summary["gop"] = args.gop
     if args.src_format is not None:
         summary["from"] = args.src_format
     if [tuple(e) for e in after["episodes"]] != [tuple(e) for e in episodes]:

@@ -350,7 +350,8 @@ def print_summary(s: Dict[str, Any]) -> None:
             for k, n in sorted(s["bytes_per_key"].items(), key=lambda kv: -kv[1])]
     for line in table(rows):
         print(line)
-    print(f"  total {human_bytes(s['total_bytes'])} on disk")
+    from .info import disk_total_line
+    print(disk_total_line(s))
     if s["preview"]:
         print(f"preview: {s['preview']}")
     print(f"next: unienv-data info {s['path']}   |   unienv-data verify {s['path']}   |   "

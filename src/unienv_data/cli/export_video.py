@@ -63,6 +63,8 @@ def _open_encoder(av: Any, out: str, codec: str, fps: Fraction, width: int, heig
 def run(args: argparse.Namespace) -> int:
     from unienv_data.inspect import open_dataset
     av = optional_import("av", "export-video", "av (PyAV)", "video")
+    from unienv_data.storages._video_codec import SVT_LOG_LEVEL
+    os.environ.setdefault("SVT_LOG", SVT_LOG_LEVEL)             # SVT-AV1's settings log, see _video_codec
     if args.chunk < 1:
         raise CLIError("--chunk must be at least 1")
     out = os.path.abspath(args.out)

@@ -92,7 +92,7 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
         ratio = raw_ratio(n, r) if r else ""
         rows.append([k, human_bytes(n), f"{100 * n / total:5.1f}%", human_bytes(r) if r is not None else "", ratio])
     lines.extend(table(rows))
-    lines.append(f"  total {human_bytes(d['total_bytes'])} on disk")
+    lines.append(disk_total_line(d))
     notes = [n for s in d["storages"] for n in s["notes"]]
     for n in notes:
         lines.append(f"note: {n}")
@@ -120,3 +120,13 @@ def _aligned_tree(tree: List[str]) -> List[str]:
             key, _, desc = stripped.partition("  ")
             rows.append([indent + key, desc])
     return table(rows, indent="")
+
+
+def disk_total_line(d: Dict[str, Any]) -> str:
+    """The "total ... on disk" line of a `describe` summary: the allocated bytes, and the files' (apparent) sizes
+    too when a preallocated ring leaves much of them unwritten (holes that take no disk space)."""
+    alloc = d.get("allocated_bytes")
+    if alloc is not None and alloc < 0.9 * d["total_bytes"]:
+        return (f"  total {human_bytes(alloc)} allocated on disk, {human_bytes(d['total_bytes'])} apparent (the "
+                "files' sizes; preallocated rows not yet written take no disk space)")
+    return f"  total {human_bytes(d['total_bytes'])} on disk"

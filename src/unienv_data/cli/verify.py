@@ -219,41 +219,43 @@ def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, pr
             return problems, warnings, checked
         valid = _recorded_rows(ds)
         columns = ds.columns()
-        total = sum(len(c) for c, _, _ in columns)
+        n_rows = len(ds.storage)
+        # rows in use only (a preallocated ring's unwritten rows hold nothing to check); every storage reads them
+        in_use = np.flatnonzero(valid) if valid is not None else np.arange(n_rows, dtype=np.int64)
         t0 = time.perf_counter()
-        rows_read = 0
+        storage_rows = 0
         out_of_bounds: Dict[str, List[int]] = {}
-        with Progress(total, "verifying rows", "rows", enabled=progress) as bar:
+        # the bar counts steps (rows in use, every storage read), the measure `stats` and `convert` report too
+        with Progress(int(in_use.size), "verifying rows", "rows", enabled=progress) as bar:
             for child, prefix, keys in columns:
-                n = len(child)
                 where = _child_name(root_dir, child) or path
                 chunk = max(1, min(4096, (32 << 20) // _row_bytes(child.single_instance_space)))
                 checkers = {k: _bounds_checker(ds.leaf_spaces[k]) for k in keys}
-                for s in range(0, n, chunk):
-                    e = min(n, s + chunk)
+                for s in range(0, int(in_use.size), chunk):
+                    rows = in_use[s:s + chunk]
                     try:
-                        values = flatten_tree(child.get(np.arange(s, e, dtype=np.int64)), prefix)
+                        values = flatten_tree(child.get(rows), prefix)
                     except Exception as exc:  # noqa: BLE001 - report the storage and the rows that failed
-                        problems.append(f"{where}: reading rows {s}..{e - 1} failed: {type(exc).__name__}: {exc}")
-                        bar.update(n - s)
+                        problems.append(f"{where}: reading rows {int(rows[0])}..{int(rows[-1])} failed: "
+                                        f"{type(exc).__name__}: {exc}")
+                        storage_rows += int(in_use.size) - s
+                        bar.update(storage_rows // len(columns) - bar.done)
                         break
-                    rows_read += e - s
-                    bar.update(e - s)
-                    mask = valid[s:e] if valid is not None else None
+                    storage_rows += int(rows.size)
+                    bar.update(storage_rows // len(columns) - bar.done)
                     for k, v in values.items():
                         check = checkers.get(k)
                         if check is None:
                             continue
                         bad = check(np.asarray(ds.backend.to_numpy(v)))
-                        if mask is not None:
-                            bad &= mask
                         if bad.any():
-                            out_of_bounds.setdefault(k, []).extend((np.flatnonzero(bad) + s).tolist()[:5])
-        for k, rows in out_of_bounds.items():
+                            out_of_bounds.setdefault(k, []).extend(rows[np.flatnonzero(bad)].tolist()[:5])
+        for k, bad_rows in out_of_bounds.items():
             sp = ds.leaf_spaces[k]
             problems.append(f"{_leaf_owner(root, k) or path}: key {k!r} holds values outside its space bounds "
-                            f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {rows[:5]}")
-        checked["rows_read"] = rows_read
+                            f"[{np.min(sp.low_numpy)}, {np.max(sp.high_numpy)}] at storage rows {bad_rows[:5]}")
+        checked["rows_read"] = int(in_use.size)
+        checked["capacity_rows"] = n_rows
         checked["keys_out_of_bounds"] = sorted(out_of_bounds)
         checked["storages_read"] = len(columns)
         checked["read_seconds"] = time.perf_counter() - t0
@@ -304,8 +306,10 @@ def render(r: Dict[str, Any]) -> List[str]:
         outside = c.get("keys_out_of_bounds") or []
         bounds = (f"{len(outside)} key(s) hold values outside their space bounds (see below)" if outside else
                   "recorded values inside their space bounds")
-        lines.append(f"  rows: {c['rows_read']} rows of {c['storages_read']} storages read in "
-                     f"{c['read_seconds']:.2f} s; {bounds}")
+        cap = c.get("capacity_rows")
+        room = f" (of {cap} preallocated)" if cap is not None and cap != c["rows_read"] else ""
+        lines.append(f"  rows: the {c['rows_read']} rows in use{room} read from each of {c['storages_read']} "
+                     f"storages in {c['read_seconds']:.2f} s; {bounds}")
     if "checksums" in c:
         lines.append(f"  checksums: {c['checksums']} files checked" if c["checksums"] else
                      "  checksums: none recorded (write them with --write-checksums)")

@@ -87,6 +87,21 @@ def raw_bytes_per_key(space_json: Optional[Dict[str, Any]], rows: int) -> Dict[s
     return {"/".join(p) or "<value>": leaf_nbytes(js) * rows for p, js in leaf_items(space_json)}
 
 
+def allocated_bytes(path: str, root: StorageNode) -> int:
+    """Bytes the dataset's files take on the disk (allocated blocks): less than their sizes where a preallocated
+    file (a ring's memory map) still has rows never written, which the file system leaves as holes."""
+    base = path if os.path.isdir(path) else os.path.dirname(path)
+    total = 0
+    for f in {f.rel: f for n in root.iter() for f in n.files if f.size is not None}.values():
+        try:
+            st = os.stat(os.path.join(base, f.rel))
+        except OSError:
+            continue
+        blocks = getattr(st, "st_blocks", None)       # not on Windows: the size is what is allocated there
+        total += st.st_size if blocks is None else int(blocks) * 512
+    return total
+
+
 def describe(path: str) -> Dict[str, Any]:
     """A JSON-ready summary of the dataset at `path` (metadata only; see `walk`). Damaged metadata never makes it
     raise: what cannot be worked out is left empty and said under "problems"."""
@@ -122,7 +137,9 @@ def describe(path: str) -> Dict[str, Any]:
         "space": space, "space_tree": safe(lambda: space_tree_lines(space) if space else [], [], "space tree"),
         "storages": storages, "bytes_per_key": safe(lambda: bytes_per_key(root), {}, "bytes per key"),
         "raw_bytes_per_key": safe(lambda: raw_bytes_per_key(space, rows), {}, "raw bytes per key"),
-        "total_bytes": root.nbytes(), "problems": problems,
+        "total_bytes": root.nbytes(), "allocated_bytes": safe(lambda: allocated_bytes(path, root), None,
+                                                               "allocated bytes"),
+        "problems": problems,
     }
 
 

@@ -123,6 +123,8 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         if video_hwaccel not in ("auto", None, "none", False):
             raise ValueError(f"video_hwaccel {video_hwaccel!r} is not available: frames decode on the CPU; pass "
                              "'auto' or None")
+        from unienv_interface.backends.resolve import resolve_backend
+        backend = resolve_backend(backend)          # before any file is read: a typo is the caller's
         root = os.fspath(dataset_dir)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"{root} is not a directory; pass the LeRobot dataset folder (it holds "

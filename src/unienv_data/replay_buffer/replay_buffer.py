@@ -40,6 +40,7 @@ from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
@@ -174,6 +175,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         stored metadata is validated (count, offset, capacity, segments) and the storage class comes from the
         registry, never from an import.
         """
+        backend = resolve_backend(backend)      # the caller's typo is theirs, not the file's: checked first
         meta = cls._read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         try:
@@ -247,6 +249,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     @staticmethod
     def get_space_from_path(path: PathLike, *, backend: Any, device: Any = None) -> Space:
+        backend = resolve_backend(backend)
         return json_to_space(ReplayBuffer._read_metadata(path)["single_instance_space"], backend, device)
 
     # ------------------------------------------------------------------ properties
@@ -565,7 +568,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         n = len(writer)
         cap = st.capacity
         if cap is not None and n > cap:
-            raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}")
+            raise ValueError(f"Cannot commit an episode of {n} rows into a buffer of capacity {cap}: create the "
+                             f"buffer with a capacity of at least {n} (or capacity=None, growable), or record it "
+                             f"with append(), which keeps its newest {cap} rows")
         with self._state.locked():
             old = (self._state.count, self._state.offset)
             written = self._state.total_written

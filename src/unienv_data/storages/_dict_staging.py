@@ -17,6 +17,7 @@ import numpy as np
 from unienv_data.base.errors import StorageStateError
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.values import key_set_error
 from unienv_interface.space import DictSpace, Space
 
 from ._dict_routing import Path, join_path
@@ -85,12 +86,7 @@ class StructureCheck:
 
     def _key_error(self, value: Mapping, path: Path, expected: FrozenSet[Any]) -> None:
         at = f" under {join_path(path, self.sep)!r}" if path else ""
-        missing = sorted(map(str, expected - set(value.keys())))
-        if missing:
-            raise KeyError(f"missing key(s) {missing}{at}: the space expects {sorted(expected)}")
-        extra = sorted(map(str, set(value.keys()) - expected))
-        raise KeyError(f"unexpected key(s) {extra}{at}: the space expects {sorted(expected)} "
-                       "(extra keys are never dropped silently)")
+        raise key_set_error(value.keys(), expected, at)
 
 
 class Stager:

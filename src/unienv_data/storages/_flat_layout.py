@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from unienv_data.base.values import LeafConverter, is_lossless_cast
+from unienv_data.base.values import LeafConverter, is_lossless_cast, key_set_error
 from unienv_interface.space import BinarySpace, DictSpace, Space, TextSpace, TupleSpace
 from unienv_interface.space.space_utils.flatten_utils import FlatLeaf, flat_leaves, flatten_space
 
@@ -164,14 +164,8 @@ class FlatRowPlan:
         sp: Any = self.space
         for p in where:
             sp = sp[p]
-        expected = set(sp.spaces)
-        missing = sorted(map(str, expected - set(value.keys())))
-        extra = sorted(map(str, set(value.keys()) - expected))
         at = f" under {'/'.join(map(str, where))!r}" if where else ""
-        if missing:
-            raise KeyError(f"missing key(s) {missing}{at}: the space expects {sorted(map(str, expected))}")
-        raise KeyError(f"unexpected key(s) {extra}{at}: the space expects {sorted(map(str, expected))} "
-                       "(extra keys are never dropped silently)")
+        raise key_set_error(value.keys(), sp.spaces, at)
 
     def _lookup(self, value: Any, path: Tuple[Any, ...], lead: Tuple[int, ...]) -> Any:
         sp: Any = self.space

@@ -63,9 +63,16 @@ SLICED_CODECS = ("ffv1",)
 _AV: Optional[ModuleType] = None
 
 
+#: SVT-AV1's log level (0 fatal, 1 errors, 2 warnings, 3 info): the encoder prints ~20 `Svt[info]` lines of its
+#: settings to stderr each time it opens, unless SVT_LOG says less; it reads the variable when it first logs
+SVT_LOG_LEVEL = "1"
+
+
 def _av() -> Any:
+    """PyAV, imported on first use; also quiets SVT-AV1's info log (errors still show) unless SVT_LOG is set."""
     global _AV
     if _AV is None:
+        os.environ.setdefault("SVT_LOG", SVT_LOG_LEVEL)
         _AV = import_optional("av", "video", "VideoStorage")
     return _AV
 

@@ -303,12 +303,30 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         return all(c.is_multiprocessing_safe for c in self._storages)
 
     def get_column(self, nested_keys: Union[str, Sequence[str]]) -> SpaceStorage:
-        """The child storage of a storage-map key (a path string, or a sequence of keys joined with the separator)."""
-        key = nested_keys if isinstance(nested_keys, str) else self.nested_separator.join(map(str, nested_keys))
-        try:
+        """The child storage of a storage-map key (a path string, or a sequence of keys joined with the separator),
+        or a `FieldView` of a key held inside one child: a leaf of a group such as the native layout's `@float32`
+        (`get_column("action")`), or a key below a child's key (`"obs/pos"` of a child `"obs"`)."""
+        from ._field_view import FieldView, field_space
+        sep = self.nested_separator
+        key = nested_keys if isinstance(nested_keys, str) else sep.join(map(str, nested_keys))
+        if key in self._by_key:
             return self._by_key[key]
-        except KeyError:
-            raise KeyError(f"no child storage under key {key!r}; the storage map has {list(self._by_key)}") from None
+        def under(p: str) -> bool:
+            return p == key or p.startswith(key + sep)
+
+        holders = [name for name, paths in self._groups.items() if any(under(p) for p in paths)]
+        holders += [name for name in self._by_key if name not in self._groups and under(name)]
+        if len(holders) == 1 and holders[0] in self._groups:      # the whole key lives inside one group
+            name = holders[0]
+            if field_space(self._by_key[name].single_instance_space, key.split(sep)) is not None:
+                return FieldView(self._by_key[name], key.split(sep))
+        for name, child in self._by_key.items():
+            if name not in self._groups and key.startswith(name + sep):
+                rest = key[len(name) + len(sep):].split(sep)
+                if field_space(child.single_instance_space, rest) is not None:
+                    return FieldView(child, rest)
+        raise KeyError(f"no column {key!r}: it is neither a child storage of the storage map {list(self._by_key)} "
+                       f"nor a key inside one (groups: {self.groups})")
 
     def __repr__(self) -> str:
         kids = ", ".join(f"{k!r}: {type(c).__name__}" for k, c in self._by_key.items())

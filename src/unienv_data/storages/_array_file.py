@@ -56,7 +56,7 @@ def _prefaulted_zeros(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def read_rows_into(path: str, out: np.ndarray) -> None:
     """Fills the C-contiguous array `out` with the first `out.nbytes` bytes of a raw data file (one kernel copy
     straight into `out`, no intermediate mapping or buffer); StorageFormatError when the file is shorter."""
-    view = memoryview(out.reshape(-1).view(np.uint8))
+    view = out.reshape(-1).view(np.uint8).data
     done = 0
     with open(path, "rb", buffering=0) as f:
         while done < len(view):
@@ -71,12 +71,12 @@ def write_rows(f: Any, rows: np.ndarray) -> None:
     """Writes the raw bytes of `rows` to the binary file `f` without an intermediate copy when `rows` is
     C-contiguous (the rows of a storage are; a strided view is written in pieces of at most 64 MiB)."""
     if rows.flags.c_contiguous:
-        f.write(memoryview(rows.reshape(-1).view(np.uint8)))
+        f.write(rows.reshape(-1).view(np.uint8).data)
         return
     row_bytes = rows.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
     step = max(1, (64 << 20) // max(1, row_bytes))
     for i in range(0, rows.shape[0], step):
-        f.write(memoryview(np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8)))
+        f.write(np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8).data)
 
 
 class ArrayBlock:

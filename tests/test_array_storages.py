@@ -326,3 +326,40 @@ def test_uint16_refuses_negative_and_too_large(tmp_path: Any) -> None:
     st.set(0, torch.tensor([65535, 7], dtype=torch.int64))
     assert_tree_equal(st.get(0), torch.tensor([65535, 7], dtype=torch.uint16))
     st.close()
+
+
+# ---------------------------------------------------------------- raw row copies (dumps / load into RAM)
+def test_write_rows_and_read_rows_into_round_trip_strided_and_contiguous(tmp_path: Any) -> None:
+    from unienv_data.base.errors import StorageFormatError
+    from unienv_data.storages._array_file import read_rows_into, write_rows
+
+    rows = np.arange(7 * 5, dtype=np.float32).reshape(7, 5)
+    for name, src in (("contiguous", rows), ("strided", rows[::2]), ("columns", rows[:, 1:4])):
+        path = str(tmp_path / name)
+        with open(path, "wb") as f:
+            write_rows(f, src)
+        assert os.path.getsize(path) == src.nbytes
+        back = np.empty(src.shape, dtype=src.dtype)
+        read_rows_into(path, back)
+        assert np.array_equal(back, src), name
+    too_many = np.empty((8, 5), dtype=np.float32)
+    with pytest.raises(StorageFormatError, match="truncated"):
+        read_rows_into(str(tmp_path / "contiguous"), too_many)
+
+
+@pytest.mark.parametrize("cls, space", [(PytorchTensorStorage, BoxSpace(TB, -10.0, 10.0, torch.float32, shape=(3,))),
+                                        (NumpyMemmapStorage, BoxSpace(NB, -10.0, 10.0, np.float32, shape=(3,)))])
+def test_ram_dump_and_load_into_ram_copy_the_rows_exactly(tmp_path: Any, cls: Any, space: Any) -> None:
+    st = cls.create(space, capacity=5)
+    vals = np.linspace(-9, 9, 15, dtype=np.float32).reshape(5, 3)
+    st.set(slice(0, 5), torch.from_numpy(vals) if cls is PytorchTensorStorage else vals)
+    path = str(tmp_path / "rows.memmap")
+    st.dumps(path)
+    assert os.path.getsize(path) == vals.nbytes
+    back = cls.load_from(path, space, is_memmap=False)
+    assert not back.is_memmap and back.capacity == 5
+    got = back.get(slice(None))
+    assert np.array_equal(got.numpy() if cls is PytorchTensorStorage else got, vals)
+    st.set(0, torch.zeros(3) if cls is PytorchTensorStorage else np.zeros(3, np.float32))   # the copy is independent
+    again = back.get(0)
+    assert np.array_equal(again.numpy() if cls is PytorchTensorStorage else again, vals[0])

@@ -43,6 +43,42 @@ def _map_file(path: str, dtype: np.dtype, row_shape: Tuple[int, ...], rows: int,
     return np.frombuffer(mm, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape), mm
 
 
+def _prefaulted_zeros(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero-filled array whose pages are all touched now. `np.zeros` maps lazily zeroed pages, so the first write
+    to each 4 KiB page later faults it in (several microseconds per page on a VM): appends and bulk writes into a
+    new in-RAM storage would then pay for page faults at unpredictable moments. Writing the zeros at creation moves
+    that cost to `create` (the reference's torch.zeros does the same)."""
+    arr = np.empty(shape, dtype=dtype)
+    arr.fill(0)
+    return arr
+
+
+def read_rows_into(path: str, out: np.ndarray) -> None:
+    """Fills the C-contiguous array `out` with the first `out.nbytes` bytes of a raw data file (one kernel copy
+    straight into `out`, no intermediate mapping or buffer); StorageFormatError when the file is shorter."""
+    view = out.reshape(-1).view(np.uint8).data
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while done < len(view):
+            n = f.readinto(view[done:])
+            if not n:
+                raise StorageFormatError(f"data file {path} ended after {done} of {len(view)} bytes: the file is "
+                                         "truncated")
+            done += n
+
+
+def write_rows(f: Any, rows: np.ndarray) -> None:
+    """Writes the raw bytes of `rows` to the binary file `f` without an intermediate copy when `rows` is
+    C-contiguous (the rows of a storage are; a strided view is written in pieces of at most 64 MiB)."""
+    if rows.flags.c_contiguous:
+        f.write(rows.reshape(-1).view(np.uint8).data)
+        return
+    row_bytes = rows.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
+    step = max(1, (64 << 20) // max(1, row_bytes))
+    for i in range(0, rows.shape[0], step):
+        f.write(np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8).data)
+
+
 class ArrayBlock:
     """Owns the bytes of `alloc_rows` rows of `row_shape` / `dtype` in one of three media."""
 
@@ -58,7 +94,7 @@ class ArrayBlock:
         self._finalizer: Optional[weakref.finalize] = None
         self._mm: Optional[mmap.mmap] = None
         if mode == RAM:
-            self.data = np.zeros((alloc_rows,) + self.row_shape, dtype=self.dtype)
+            self.data = _prefaulted_zeros((alloc_rows,) + self.row_shape, self.dtype)
         else:
             if not (path is not None):
                 raise RuntimeError("internal invariant violated: path is not None")
@@ -97,13 +133,23 @@ class ArrayBlock:
                                      f"{list(row_shape)} need {rows * row_bytes}: the file is truncated or the space differs")
         return cls(mode, dtype, row_shape, rows, path=path, writable=writable, owner=False)
 
+    @classmethod
+    def read_file(cls, path: str, dtype: np.dtype, row_shape: Tuple[int, ...], rows: int) -> "ArrayBlock":
+        """An in-RAM block holding a copy of the first `rows` rows of an existing raw file (read straight into the
+        block's array); StorageFormatError when the file is shorter."""
+        block = cls(RAM, dtype, row_shape, 0)
+        data = np.empty((rows,) + block.row_shape, dtype=block.dtype)
+        read_rows_into(path, data)
+        block.data, block.alloc_rows = data, rows
+        return block
+
     # ---------------------------------------------------------------- size changes
     def resize(self, rows: int) -> None:
         """Changes the number of allocated rows, keeping the first `min(old, new)` rows."""
         if rows == self.alloc_rows:
             return
         if self.mode == RAM:
-            new = np.zeros((rows,) + self.row_shape, dtype=self.dtype)
+            new = np.zeros((rows,) + self.row_shape, dtype=self.dtype)   # growth slack stays lazily mapped
             keep = min(rows, self.alloc_rows)
             new[:keep] = self.data[:keep]
             self.data = new
@@ -139,4 +185,4 @@ def file_rows(path: str, row_bytes: int) -> Tuple[int, int]:
     return size // row_bytes, size % row_bytes
 
 
-__all__ = ["ArrayBlock", "RAM", "MEMMAP", "SHARED", "file_rows"]
+__all__ = ["ArrayBlock", "RAM", "MEMMAP", "SHARED", "file_rows", "read_rows_into", "write_rows"]

@@ -31,7 +31,7 @@ from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 
-from ._array_file import MEMMAP, RAM, SHARED, ArrayBlock, file_rows
+from ._array_file import MEMMAP, RAM, SHARED, ArrayBlock, file_rows, write_rows
 
 META_SUFFIX = ".meta.json"
 
@@ -126,7 +126,7 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
             block = ArrayBlock(RAM, dtype, shape, alloc)
         st = cls(single_instance_space, block, cap, 0)
         if is_memmap:
-            st._write_sidecar(path)
+            st._save_own_sidecar()   # written and recorded as current: the first flush / dumps has nothing to rewrite
         return st
 
     @classmethod
@@ -197,11 +197,13 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
             segments = None
         n_rows = cap if cap is not None else length
         if is_memmap is False:
-            src = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=False)
-            block = (ArrayBlock.new_file(SHARED, None, dtype, shape, n_rows) if multiprocessing
-                     else ArrayBlock(RAM, dtype, shape, n_rows))
-            block.data[...] = src.data
-            src.release()
+            if multiprocessing:
+                src = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=False)
+                block = ArrayBlock.new_file(SHARED, None, dtype, shape, n_rows)
+                block.data[...] = src.data
+                src.release()
+            else:
+                block = ArrayBlock.read_file(path, dtype, shape, n_rows)
             st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
         else:
             block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
@@ -504,9 +506,7 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with open(tmp, "wb") as f:
-                step = max(1, (64 << 20) // max(1, self._block.row_bytes))  # 64 MiB at a time
-                for i in range(0, self._length, step):
-                    f.write(np.ascontiguousarray(self._block.data[i:min(self._length, i + step)]).tobytes())
+                write_rows(f, self._block.data[:self._length])   # no copy of the rows on the way
                 f.flush()
                 if is_durable():
                     os.fsync(f.fileno())

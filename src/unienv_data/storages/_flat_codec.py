@@ -62,16 +62,21 @@ _STRUCT_CODES = {("f", 2): "e", ("f", 4): "f", ("f", 8): "d", ("i", 1): "b", ("i
 class CompiledCodec:
     """The generated functions of one plan (all None where the plan's space does not qualify: see `compile_codec`)."""
 
-    __slots__ = ("make_append", "pack_into", "unpack_batch", "copies_all", "source")
+    __slots__ = ("make_append", "pack_into", "unpack_batch", "unpack_view", "copies_all", "source")
 
     def __init__(self, make_append: Optional[AppendFactory], pack_into: Optional[Packer],
-                 unpack_batch: Optional[Unpacker], copies_all: bool, source: str) -> None:
+                 unpack_batch: Optional[Unpacker], copies_all: bool, source: str,
+                 unpack_view: Optional[Unpacker] = None) -> None:
         self.make_append = make_append
         self.pack_into = pack_into
         self.unpack_batch = unpack_batch
         #: every leaf of `unpack_batch` is a new array (all are cast from the row dtype), so it may read a view of
         #: the storage's rows directly
         self.copies_all = copies_all
+        #: `unpack_view(rows)`: like `unpack_batch`, but `rows` may be a view of the storage's rows: every leaf is a
+        #: new array (leaves in the row dtype are copied column by column, the others are cast), so a contiguous
+        #: read copies only each leaf's own columns, never whole rows first
+        self.unpack_view = unpack_view
         self.source = source
 
 
@@ -211,7 +216,9 @@ def _shared_cast(plan: "FlatRowPlan") -> Optional[np.dtype]:
     return next(iter(dtypes))
 
 
-def _unpack_expr(lf: "_Leaf", i: int, ns: Dict[str, Any], wrap: Any, shared: bool) -> str:
+def _unpack_expr(lf: "_Leaf", i: int, ns: Dict[str, Any], wrap: Any, shared: bool, own: bool = False) -> str:
+    """The expression of leaf `i` read from `rows` (or from the shared cast `cast`); with `own` a leaf that would be
+    a view of `rows` is copied (`rows` may then be a view of the storage)."""
     src = "cast" if shared and not lf.is_binary else "rows"
     # the column index as a constant tuple (building the slice and the tuple per call costs about a third of a view)
     ns[f"I{i}"] = (slice(None), lf.start) if lf.shape == () else (slice(None), slice(lf.start, lf.stop))
@@ -225,6 +232,8 @@ def _unpack_expr(lf: "_Leaf", i: int, ns: Dict[str, Any], wrap: Any, shared: boo
     elif not lf.same_dtype and not shared:
         ns[f"U{i}"] = lf.leaf_np
         part += f".astype(U{i})"
+    elif own and not shared:
+        part += ".copy()"
     if wrap is None:
         return part
     ns[f"W{i}"] = wrap
@@ -312,11 +321,15 @@ def compile_codec(plan: "FlatRowPlan") -> CompiledCodec:
         ns["CAST"] = shared
         unpack.append("    cast = rows.astype(CAST)")
     unpack.append(f"    return {{{entries}}}")
-    source = "\n".join(append + [""] + pack + [""] + unpack)
+    own_entries = ", ".join(f"K{i}: {_unpack_expr(lf, i, ns, w, shared is not None, own=True)}"
+                            for i, (lf, w) in enumerate(zip(plan.leaves, plan._wrappers)))
+    unpack_view = ["def unpack_view(rows):"] + unpack[1:-1] + [f"    return {{{own_entries}}}"]
+    source = "\n".join(append + [""] + pack + [""] + unpack + [""] + unpack_view)
     return CompiledCodec(_define("make_append", append, ns, tag + " append"),
                          _define("pack_into", pack, ns, tag + " pack"),
                          _define("unpack_batch", unpack, ns, tag + " unpack"),
-                         all(lf.is_binary or not lf.same_dtype for lf in plan.leaves), source)
+                         all(lf.is_binary or not lf.same_dtype for lf in plan.leaves), source,
+                         _define("unpack_view", unpack_view, ns, tag + " unpack view"))
 
 
 __all__ = ["CompiledCodec", "compile_codec"]

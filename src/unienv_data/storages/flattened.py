@@ -126,8 +126,8 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         self._fast = isinstance(inner_storage, ArrayStorageBase)
         #: the compiled unflattening of a batch of rows, when the inner storage is an array storage (read by `get`)
         self._fast_unpack = plan.codec.unpack_batch if self._fast else None
-        #: it makes every leaf a new array, so it may read a view of the storage's rows
-        self._unpack_views = plan.codec.copies_all
+        #: the same, making every leaf a new array, so it may read a view of the storage's rows (contiguous slices)
+        self._fast_unpack_view = plan.codec.unpack_view if self._fast else None
         make_append = plan.codec.make_append
         if self._fast and make_append is not None and type(self).append is FlattenedStorage.append:
             # the per-step hot path: the plan's compiled check-and-write of one sample into the inner storage's next
@@ -250,14 +250,14 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         unpack = self._fast_unpack
         if unpack is not None:
             inner: Any = self.inner_storage
-            if type(index) is slice and self._unpack_views:
-                # every leaf is converted into a new array: unpack a view of the rows of a contiguous slice, with no
-                # row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
+            if type(index) is slice and self._fast_unpack_view is not None:
+                # every leaf is copied or cast into a new array: unpack a view of the rows of a contiguous slice,
+                # with no row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
                 if inner._closed:
                     inner._check_open()
                 start, stop, step = index.indices(inner._length)
                 if step == 1:
-                    return unpack(inner._block.data[start:stop])
+                    return self._fast_unpack_view(inner._block.data[start:stop])
             rows = inner.get_numpy(index)
             return unpack(rows) if rows.ndim == 2 else self._plan.unpack(rows, to_backend=True)
         return self._plan.unpack(self._rows_numpy(index), to_backend=True)
@@ -375,11 +375,16 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:
-        return {"storage_type": "FlattenedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
-                "inner_storage_path": os.fspath(self.inner_storage_path), "format_version": FORMAT_VERSION,
-                "capacity": self.inner_storage.capacity,
+        # the space's JSON and the row layout never change for a storage: computed once (most of the cost of a
+        # `dumps` into the storage's own directory), the rest per call
+        static = self.__dict__.get("_static_metadata")
+        if static is None:
+            static = self._static_metadata = {
                 "row": {"dtype": self.backend.dtype_name(self._plan.flat_space.dtype), "width": self._plan.width},
                 "layout": self._plan.layout_json(), "space": space_to_json(self.single_instance_space)}
+        return {"storage_type": "FlattenedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
+                "inner_storage_path": os.fspath(self.inner_storage_path), "format_version": FORMAT_VERSION,
+                "capacity": self.inner_storage.capacity, **static}
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,

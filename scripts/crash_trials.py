@@ -243,7 +243,8 @@ def verify(config: str, seed: int, path: str, res: Dict[str, Any]) -> List[str]:
             want = recorded(e)
             ok = all(np.array_equal(rows[k][i], want[k][t]) for k in want)
         if not ok:
-            problems.append(f"row {i} (eid {e}, t {t}) equals no recorded row")
+            where = next((f"in segment {(a, b)}" for a, b in segs if a <= i < b), "outside every segment")
+            problems.append(f"row {i} (eid {e}, t {t}) equals no recorded row ({where}; {n_rows} rows visible)")
             if len(problems) > 5:
                 return problems
     listed: Dict[int, Tuple[int, int]] = {}

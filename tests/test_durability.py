@@ -4,10 +4,12 @@ metadata files follow the umask, and the errors and the repr name what matters."
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import numpy as np
@@ -419,3 +421,154 @@ def test_info_ratio_is_readable_for_tiny_keys() -> None:
     assert raw_ratio(49, 10_000) == "0.49% of raw"
     assert raw_ratio(1_020, 1_000) == "1.02x raw"
     assert "0.00x" not in raw_ratio(3, 100_000)
+
+
+# ------------------------------------------------ a growable native layout killed between two children's commits
+def _growable_kwargs(space: DictSpace, layout: str) -> dict:
+    """The native layout with its image leaf in memory-mapped arrays, lossless video, or (every child) HDF5."""
+    if layout == "video":
+        require_module("av", "video")
+        return native_layout_kwargs(space, image_storage="video", video_kwargs={"lossless": True})
+    kw = native_layout_kwargs(space)
+    if layout == "hdf5":
+        require_module("h5py", "hdf5")
+        from unienv_data.storages.hdf5 import HDF5Storage
+        kw["storage_cls_map"] = {k: (v if v is FlattenedStorage else HDF5Storage)
+                                 for k, v in kw["storage_cls_map"].items()}
+        kw["key_kwargs"] = {k: ({**v, "inner_storage_cls": HDF5Storage} if "inner_storage_cls" in v else v)
+                            for k, v in kw.get("key_kwargs", {}).items()}
+        for k, v in kw["storage_cls_map"].items():
+            if v is FlattenedStorage:
+                kw["key_kwargs"].setdefault(k, {"inner_storage_cls": HDF5Storage})
+    return kw
+
+
+def _replace_child_files(src: str, dst: str, rel: str) -> None:
+    """Puts `src`'s copy of child `rel` (its file or directory and its sidecars `rel.*`) in place of `dst`'s."""
+    for root in (dst, src):
+        for name in os.listdir(root):
+            if name == rel or name.startswith(rel + "."):
+                p = os.path.join(root, name)
+                if root == dst:
+                    shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+                elif os.path.isdir(p):
+                    shutil.copytree(p, os.path.join(dst, name))
+                else:
+                    shutil.copy2(p, os.path.join(dst, name))
+
+
+def _crash_between_children(tmp_path: Any, layout: str, newer: str) -> str:
+    """A growable native-layout buffer as a SIGKILL leaves it between two children's commits of episode 1: the
+    children of `newer` ("image": only the image child, "others": every child but the image) hold episode 1, the
+    rest and metadata.json hold only episode 0 (the state after episode 0's commit point)."""
+    space = _space()
+    path = str(tmp_path / "rb")
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=None, **_growable_kwargs(space, layout))
+    paths = rb.storage.storage_paths
+    for t in range(STEPS):
+        rb.append(_steps(0)[t])
+    rb.mark_segment_end()
+    before = str(tmp_path / "before")
+    shutil.copytree(path, before)
+    for t in range(STEPS):
+        rb.append(_steps(1)[t])
+    rb.mark_segment_end()
+    rb.close()
+    for key, rel in paths.items():
+        if (key == "image") != (newer == "image"):
+            _replace_child_files(os.path.join(before, "storage"), os.path.join(path, "storage"), rel)
+    if newer == "image":
+        shutil.copy2(os.path.join(before, "metadata.json"), os.path.join(path, "metadata.json"))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["array", "video", "hdf5"])
+def test_growable_native_layout_reopens_at_what_every_child_committed(tmp_path: Any, layout: str) -> None:
+    """One child persisted episode 1, the others and the buffer did not: the buffer reopens (read-only and writable)
+    with episode 0 only; a writable open trims the uncommitted tail, so recording goes on from there."""
+    path = _crash_between_children(tmp_path, layout, newer="image")
+    for read_only in (True, False):
+        rb = ReplayBuffer.load_from(path, backend=NB, read_only=read_only)
+        try:
+            assert len(rb) == STEPS and len(rb.storage) == STEPS
+            assert rb.get_segments() == [(0, STEPS)]
+            _check_episode(rb.get_at, 0, 0)
+            assert np.asarray(rb.storage.get(slice(None))["image"]).shape[0] == STEPS
+            if not read_only:
+                for e in (1, 2):
+                    for step in _steps(e):
+                        rb.append(step)
+                    rb.mark_segment_end()
+        finally:
+            rb.close()
+    rb = ReplayBuffer.load_from(path, backend=NB)
+    try:
+        assert rb.get_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(3)]
+        for e in range(3):
+            _check_episode(rb.get_at, e, e * STEPS)
+    finally:
+        rb.close()
+
+
+@pytest.mark.parametrize("layout", ["array", "hdf5"])
+def test_growable_native_layout_missing_committed_rows_is_damage(tmp_path: Any, layout: str) -> None:
+    """metadata.json committed episode 1 but the image child holds only episode 0: a StorageFormatError names the
+    image file (nothing committed is dropped silently)."""
+    from unienv_data.base.errors import StorageFormatError
+    path = _crash_between_children(tmp_path, layout, newer="others")
+    with pytest.raises(StorageFormatError, match=r"count 14 exceeds.*image"):
+        ReplayBuffer.load_from(path, backend=NB)
+
+
+GROW_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    from unienv_interface.space import BoxSpace, DictSpace
+    space = DictSpace(NB, {"image": BoxSpace(NB, 0, 255, np.uint8, shape=(32, 32, 3)),
+                           "state": BoxSpace(NB, -1e9, 1e9, np.float32, shape=(4,)),
+                           "action": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,))})
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=sys.argv[1], capacity=None, **native_layout_kwargs(space))
+    print("ready", flush=True)
+    e = 0
+    while True:
+        for t in range(40):
+            rb.append({"image": np.full((32, 32, 3), (e * 41 + t) % 256, np.uint8),
+                       "state": np.array([e, t, e, t], np.float32), "action": np.array([0.5, t / 100], np.float32)})
+        rb.mark_segment_end()
+        e += 1
+""")
+
+
+def test_growable_native_layout_survives_sigkill_from_outside(tmp_path: Any) -> None:
+    """The new-user trial: a growable native-layout buffer appended to in a tight loop, SIGKILLed from outside at
+    random moments (1 in 4 kills used to land between two children's commits and the dataset no longer opened).
+    Every reopen works, lists whole episodes only, and every listed row is the recorded one."""
+    rng = np.random.default_rng(4)
+    for trial in range(6):
+        path = str(tmp_path / f"g{trial}")
+        proc = subprocess.Popen([sys.executable, "-c", GROW_WRITER, path], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            time.sleep(float(rng.uniform(0.05, 0.8)))
+        finally:
+            proc.kill()
+            proc.wait()
+        for read_only in (True, False):
+            rb = ReplayBuffer.load_from(path, backend=NB, read_only=read_only)
+            try:
+                segs = rb.get_segments()
+                assert segs == [(e * 40, (e + 1) * 40) for e in range(len(segs))]
+                assert len(rb) == 40 * len(segs)
+                if segs:
+                    rows = rb.get_at(slice(0, len(rb)))
+                    state = np.asarray(rows["state"])
+                    e, t = np.repeat(np.arange(len(segs)), 40), np.tile(np.arange(40), len(segs))
+                    np.testing.assert_array_equal(state[:, 0], e)
+                    np.testing.assert_array_equal(state[:, 1], t)
+                    np.testing.assert_array_equal(np.asarray(rows["image"])[:, 0, 0, 0], (e * 41 + t) % 256)
+            finally:
+                rb.close()

@@ -208,7 +208,12 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if storage.capacity != cap:
             raise StorageFormatError(f"{meta_path}: capacity {cap} does not match the storage's {storage.capacity}")
         if cap is None and meta["count"] > len(storage):
-            raise StorageFormatError(f"{meta_path}: count {meta['count']} exceeds the storage length {len(storage)}")
+            # name the files that hold fewer rows than the buffer committed (a DictStorage knows its children's)
+            lengths = getattr(stored, "child_lengths", None)
+            short = ({os.path.join(full, k): n for k, n in lengths().items() if n < meta["count"]}
+                     if callable(lengths) else {full: len(storage)})
+            raise StorageFormatError(f"{meta_path}: count {meta['count']} exceeds the storage length {len(storage)} "
+                                     f"(rows held by {short}): the directory is damaged; committed rows are missing")
         # the reference's rule: stored `physical_segments` mean the buffer keeps its own list; `buffer_segments`
         # (this project's key) is the list of a buffer that did not maintain one itself
         listed = meta.get("physical_segments")

@@ -72,7 +72,9 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     **kwargs)` reads `dict_storage_metadata.json`; storage classes resolve only through the storage registry and
     child paths must stay inside `path`.
 
-    Children must agree on capacity and length. `get` returns the sample in the space's key order; `get_column(key)`
+    Children must agree on capacity and length. The one exception is a growable storage reopened after a process
+    died between two children's commits: the rows every child has persisted are the committed ones; a writable
+    `load_from` trims the longer children's uncommitted tail, a read-only one hides it. `get` returns the sample in the space's key order; `get_column(key)`
     returns the child storage of a storage-map key. Closing closes the children this object created or loaded;
     garbage collection never closes children. Pickles (for worker processes) by pickling its children.
     """
@@ -82,7 +84,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def __init__(self, single_instance_space: Space, storages: Mapping[str, SpaceStorage], *,
                  nested_separator: str = "/", groups: Optional[Mapping[str, Sequence[str]]] = None,
                  storage_paths: Optional[Mapping[str, str]] = None,
-                 cache_filename: Optional[Union[str, PathLike]] = None) -> None:
+                 cache_filename: Optional[Union[str, PathLike]] = None,
+                 committed_length: Optional[int] = None) -> None:
         if not isinstance(storages, Mapping) or not storages:
             raise ValueError("DictStorage needs at least one child storage (a mapping of key to storage)")
         groups = {str(k): list(v) for k, v in (groups or {}).items()}
@@ -98,8 +101,14 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         if len(set(caps.values())) != 1:
             raise ValueError(f"DictStorage children must share one capacity, got {caps}")
         lens = {r.key: len(c) for r, c in zip(routes, children)}
+        self._committed_length: Optional[int] = None
         if len(set(lens.values())) != 1:
-            raise ValueError(f"DictStorage children must have the same length, got {lens}")
+            # only a growable storage reopened read-only after a crash may hold an uncommitted tail in some
+            # children (see `_committed_children_length`); everything else must agree exactly
+            if (committed_length is None or next(iter(caps.values())) is not None
+                    or min(lens.values()) != committed_length):
+                raise ValueError(f"DictStorage children must have the same length, got {lens}")
+            self._committed_length = int(committed_length)
         super().__init__(single_instance_space)
         self.nested_separator = nested_separator
         self._groups = groups
@@ -240,9 +249,16 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 children[r.key] = child_cls.load_from(
                     full, r.space, capacity=capacity, read_only=read_only, multiprocessing=multiprocessing,
                     **cls._merged_kwargs(r.key, child_cls, kwargs, type_kwargs, key_kwargs))
+            committed = _committed_children_length(children)
+            if committed is not None and all(c.is_mutable for c in children.values()):
+                for c in children.values():     # a writable open trims the uncommitted tail
+                    if len(c) > committed:
+                        c.shrink_length(len(c) - committed)
+                committed = None
             all_cached = all(c.cache_filename is not None for c in children.values())
             st = cls(single_instance_space, children, nested_separator=sep, groups=groups_raw,
-                     storage_paths={k: v[1] for k, v in entries.items()}, cache_filename=path if all_cached else None)
+                     storage_paths={k: v[1] for k, v in entries.items()}, cache_filename=path if all_cached else None,
+                     committed_length=committed)
         except BaseException:
             _close_all(children.values(), quiet=True)
             raise
@@ -286,7 +302,14 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         return self._storages[0].capacity
 
     def __len__(self) -> int:
+        if self._committed_length is not None:
+            return self._committed_length
         return len(self._storages[0])
+
+    def child_lengths(self) -> Dict[str, int]:
+        """Each child's own length by its file or directory name (they differ only in a growable storage reopened
+        read-only after a crash: rows past `len(self)` are an uncommitted tail that is never read)."""
+        return {self._paths[r.key]: len(c) for r, c in zip(self._routes, self._storages)}
 
     @property
     def cache_filename(self) -> Optional[Union[str, PathLike]]:
@@ -336,7 +359,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def get(self, index: Any) -> Any:
         """Sample(s) at `index` as a dict in the space's key order (copies); an int-like index gives one sample."""
         self._check_open()
-        if not (type(index) is int or isinstance(index, (slice, np.ndarray)) or index is Ellipsis):
+        if self._committed_length is not None or not (
+                type(index) is int or isinstance(index, (slice, np.ndarray)) or index is Ellipsis):
             index = normalize_index(index, len(self), type(self).__name__).numpy_key()
         return self._assemble([c.get(index) for c in self._storages])
 
@@ -546,12 +570,27 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self._check_open()
         return {"space": self.single_instance_space, "children": dict(self._by_key), "sep": self.nested_separator,
                 "groups": self._groups, "paths": self._paths, "cache": self._cache_filename,
-                "owns": self._owns_children}
+                "owns": self._owns_children, "committed": self._committed_length}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         DictStorage.__init__(self, state["space"], state["children"], nested_separator=state["sep"],
-                             groups=state["groups"], storage_paths=state["paths"], cache_filename=state["cache"])
+                             groups=state["groups"], storage_paths=state["paths"], cache_filename=state["cache"],
+                             committed_length=state.get("committed"))
         self._owns_children = state["owns"]
+
+
+def _committed_children_length(children: Mapping[str, SpaceStorage]) -> Optional[int]:
+    """The committed length of growable children that disagree, else None.
+
+    Each child persists its own rows and length when an episode is committed, one child after the other, so a
+    process killed between two children leaves some of them one commit longer than the others. What every child
+    has persisted (the shortest length) is what was committed; the rows past it are an uncommitted tail, and its
+    segments are listed by only some children (`_reconcile_segments` drops them). A fixed-capacity storage has no
+    such tail: its children must agree."""
+    lens = [len(c) for c in children.values()]
+    if len(set(lens)) <= 1 or any(c.capacity is not None for c in children.values()):
+        return None
+    return min(lens)
 
 
 def _close_all(storages: Iterable[SpaceStorage], quiet: bool = False) -> None:

@@ -157,6 +157,10 @@ class BufferActor:
         except Exception as exc:
             self.open_error = exc
             return
+        # The actor's group commit (`_make_durable`) is the buffer's commit point: with the buffer's own per-episode
+        # durability on, every episode would rewrite the metadata files under the lock first (work the shared dump
+        # repeats), stretching each write and shrinking the window in which calls share a dump.
+        self._buffer.durable = False
         self.space_json = space_to_json(self._buffer.single_space)
         self.layout = EpisodeLayout(self._buffer.single_space)
         # the view local samplers read (see _view): absolute row numbers continue those of an earlier incarnation

@@ -181,6 +181,7 @@ def reader_main(rb: ReplayBuffer, ready: Any, stop: Any, out_path: str, iters: A
     try:
         ready.set()
         while True:
+            time.sleep(0.001)   # yield: on 2 busy cores a spinning reader starves the writers it waits for
             stopping = stop.is_set()
             n = len(rb)
             res["reads_while_growing"] += n != last and last > 0

@@ -137,6 +137,7 @@ def reader_main(rb: ReplayBuffer, ready: Any, stop: Any, out_path: str) -> None:
     try:
         ready.set()
         while True:
+            time.sleep(0.001)   # yield: on 2 busy cores a spinning reader starves the writers it waits for
             stopping = stop.is_set()
             n = len(rb)
             if n and n != last_len:

@@ -118,12 +118,14 @@ class ImageCompressTransformation(DataTransformation):
         image = _image_shape(source_space, self.last_channel, type(self).__name__)
         if self.max_size_bytes is not None:
             return self.max_size_bytes
-        assert self.compression_ratio is not None
+        if self.compression_ratio is None:
+            raise ValueError(f"{type(self).__name__} needs max_size_bytes or compression_ratio to size its rows")
         return int(math.prod(image) // self.compression_ratio) + 1 + self.header_bytes
 
     def get_target_space_from_source(self, source_space: Space) -> BoxSpace:
         image = _image_shape(source_space, self.last_channel, type(self).__name__)
-        assert isinstance(source_space, BoxSpace)
+        if not isinstance(source_space, BoxSpace):
+            raise TypeError(f"{type(self).__name__} compresses uint8 BoxSpace images, got {type(source_space).__name__}")
         lead = tuple(source_space.shape)[:-len(image)]
         return BoxSpace(source_space.backend, 0, 255, _uint8(source_space.backend),
                         shape=lead + (self.budget_bytes(source_space),), device=source_space.device)

@@ -5,7 +5,7 @@
 #   bash scripts/run.sh demo  [args...]         unienv-data demo (python -m unienv_data demo)
 #   bash scripts/run.sh cli   <command> [args]  unienv-data <command> (info, verify, plot, convert, ...)
 #   bash scripts/run.sh test  [pytest args...]  pytest -q -n 2 (xdist)
-#   bash scripts/run.sh mypy                    mypy (config in pyproject.toml)
+#   bash scripts/run.sh mypy                    mypy, then lint-imports (layer contracts; both in pyproject.toml)
 #   bash scripts/run.sh docs  [args...]         mkdocs build --strict (site in build/site)
 #   bash scripts/run.sh bench [args...]         bench/bench_flattened.py
 #
@@ -84,7 +84,7 @@ case "$cmd" in
     demo)  exec "$PY" -m unienv_data demo "$@" ;;
     cli)   exec "$PY" -m unienv_data "$@" ;;
     test)  exec "$PY" -m pytest -q -n 2 --dist loadgroup "$@" ;;
-    mypy)  exec "$PY" -m mypy "$@" ;;
+    mypy)  "$PY" -m mypy "$@" && exec "$VENV/bin/lint-imports" --config pyproject.toml ;;
     docs)  exec "$PY" -m mkdocs build --strict "$@" ;;
     bench) exec "$PY" bench/bench_flattened.py "$@" ;;
 esac

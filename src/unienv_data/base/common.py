@@ -11,6 +11,7 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
+from .hooks import upper_layer
 from .indexing import is_single_index, normalize_index
 
 BatchT = TypeVar("BatchT")
@@ -138,13 +139,11 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def get_slice(self, idx: Any) -> "BatchBase":
         """A view of the samples at `idx` (a `SubIndexedBatch`)."""
-        from unienv_data.batches import SubIndexedBatch
-        return SubIndexedBatch(self, idx)
+        return upper_layer("batch.slice")(self, idx)  # type: ignore[no-any-return]
 
     def get_column(self, nested_keys: Any) -> "BatchBase":
         """A read-only view of one nested field (a `SubItemBatch`)."""
-        from unienv_data.batches import SubItemBatch
-        return SubItemBatch(self, nested_keys)
+        return upper_layer("batch.column")(self, nested_keys)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Releases resources (default: nothing)."""

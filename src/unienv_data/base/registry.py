@@ -6,8 +6,9 @@ explicitly by plugins resolve. An unknown name is a StorageFormatError.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Dict, Tuple, Type
+
+from unienv_interface.registry import ClassRegistry, class_type_name
 
 from .errors import StorageFormatError
 
@@ -26,31 +27,20 @@ _BUILTIN: Dict[str, Tuple[str, str]] = {
     "unienv_data.storages.npz_storage.NPZStorage": ("unienv_data.storages.npz_storage", "NPZStorage"),
     "unienv_data.storages.parquet.ParquetStorage": ("unienv_data.storages.parquet", "ParquetStorage"),
 }
-_REGISTERED: Dict[str, Type[Any]] = {}
+_STORAGES: ClassRegistry[Any] = ClassRegistry("storage", _BUILTIN, StorageFormatError,
+                                           "plugins must call unienv_data.base.register_storage")
 
 
 def storage_type_name(cls: Type[Any]) -> str:
     """The name metadata files use for `cls` (`module.QualName`)."""
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return class_type_name(cls)
 
 
 def register_storage(cls: Type[Any], *aliases: str) -> Type[Any]:
     """Makes `cls` loadable from metadata under its own name and `aliases`. Usable as a class decorator."""
-    for name in (storage_type_name(cls),) + aliases:
-        _REGISTERED[name] = cls
-    return cls
+    return _STORAGES.register(cls, *aliases)
 
 
 def resolve_storage_class(name: Any, what: str = "metadata") -> Type[Any]:
     """The storage class registered under `name`; StorageFormatError for anything unknown."""
-    if not isinstance(name, str):
-        raise StorageFormatError(f"{what}: storage type must be a string, got {type(name).__name__}")
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name in _BUILTIN:
-        module, attr = _BUILTIN[name]
-        cls = getattr(importlib.import_module(module), attr)
-        _REGISTERED[name] = cls
-        return cls  # type: ignore[no-any-return]
-    raise StorageFormatError(f"{what}: unknown storage type {name!r}; known: {sorted(set(_BUILTIN) | set(_REGISTERED))}"
-                             " (plugins must call unienv_data.base.register_storage)")
+    return _STORAGES.resolve(name, what)

@@ -7,13 +7,15 @@ Appending after finish, committing twice, committing after abort, or committing 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Union
 
 import numpy as np
 
 from .errors import StorageStateError
 from .ring import ring_index
-from .storage import SpaceStorage
+
+if TYPE_CHECKING:  # storage.py builds writers; a writer only holds its storage
+    from .storage import SpaceStorage
 
 _OPEN, _FINISHED, _COMMITTED, _ABORTED = "open", "finished", "committed", "aborted"
 

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import FORMAT_VERSION, atomic_write_json, check_format_version, read_json
+from unienv_data.base.hooks import upper_layer
 from unienv_data.base.segments import SegmentLog
 from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import Space
@@ -195,11 +196,9 @@ def build_space(root: Any) -> Tuple[int, Optional[int], Space]:
 def raw_replay_buffer(cls: Any, path: Any) -> Any:
     """A read-only ReplayBuffer over every row of an HDF5 file, its space inferred by `build_space` (see
     `HDF5Storage.load_replay_buffer_from_raw_hdf5`)."""
-    from unienv_data.replay_buffer import ReplayBuffer
     count, _capacity, space = build_space(path)
     storage = cls.load_from(path, space, read_only=True)
-    return ReplayBuffer(storage, "storage" + (cls.single_file_ext or ""), count=count, offset=0, cache_path=None,
-                        maintain_segment_metadata=False)
+    return upper_layer("buffer.over_storage")(storage, "storage" + (cls.single_file_ext or ""), count)
 
 
 __all__ = ["STATE_SUFFIX", "state_path", "new_file_id", "write_state", "check_file", "build_space",

@@ -31,6 +31,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, atomic_write_json, check_format_version, read_json
+from unienv_data.base.hooks import upper_layer
 from unienv_data.base.registry import register_storage
 from unienv_data.base.segments import SegmentLog
 from unienv_interface.space import Space
@@ -334,10 +335,9 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
     @staticmethod
     def load_replay_buffer_from_raw_parquet(path: PathLike) -> Any:
         """A read-only ReplayBuffer over every row of a storage directory (space from `build_space_from_parquet_file`)."""
-        from unienv_data.replay_buffer import ReplayBuffer
         count, _cap, space = ParquetStorage.build_space_from_parquet_file(path)
         storage = ParquetStorage.load_from(path, space, read_only=True)
-        return ReplayBuffer(storage, "storage", count=count, offset=0, cache_path=None, maintain_segment_metadata=False)
+        return upper_layer("buffer.over_storage")(storage, "storage", count)
 
 
 class ParquetColumnView(ColumnView):

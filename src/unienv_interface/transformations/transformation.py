@@ -8,17 +8,19 @@ A transformation is a small, stateless-looking object (its parameters are plain 
   cannot hold it exactly, out of bounds) raises ValueError / TypeError / KeyError naming what was expected and given;
 * `has_inverse` / `direct_inverse(source_space)`: the inverse transformation (mapping the target space back onto
   the source space), or ValueError when there is none;
-* JSON: `to_json()` gives the parameters, `serialization_utils.transformation_to_json` / `json_to_transformation`
-  add and resolve the registered type name. A name read from a file is looked up in a registry, never imported.
+* JSON: `to_json()` gives the parameters, `transformation_to_json` / `json_to_transformation` (below,
+  also importable from `serialization_utils`) add and resolve the registered type name. A name read from a file is looked up in a registry, never imported.
 
 Subclasses implement `get_target_space_from_source`, `transform`, `to_json` and `from_json` (and `direct_inverse`
 when `has_inverse`). Two transformations are equal when they have the same type and the same JSON parameters.
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
+from unienv_interface.registry import ClassRegistry, class_type_name
 from unienv_interface.space import Space
 
 
@@ -62,14 +64,12 @@ class DataTransformation(ABC):
         """Rebuilds a transformation from `to_json()` output; ValueError / TypeError for invalid parameters."""
 
     def serialize(self) -> Dict[str, Any]:
-        """`{"type": <registered name>, **parameters}` (see `serialization_utils.transformation_to_json`)."""
-        from .serialization_utils import transformation_to_json
+        """`{"type": <registered name>, **parameters}` (see `transformation_to_json`)."""
         return transformation_to_json(self)
 
     @classmethod
     def deserialize_from(cls, json_data: Mapping[str, Any], backend: Any = None, device: Any = None) -> "DataTransformation":
         """Rebuilds a transformation written by `serialize`; the named type must be `cls` or a subclass of it."""
-        from .serialization_utils import json_to_transformation
         out = json_to_transformation(json_data, backend, device)
         if not isinstance(out, cls):
             raise TransformationFormatError(f"expected a {cls.__name__} description, got a {type(out).__name__}")
@@ -99,4 +99,92 @@ class DataTransformation(ABC):
         return f"{type(self).__name__}({params})"
 
 
-__all__ = ["DataTransformation", "TransformationFormatError"]
+# ---------------------------------------------------------------------- registry and JSON
+#: deepest nesting of composite transformations accepted from JSON
+MAX_DEPTH = 32
+
+_PKG = "unienv_interface.transformations"
+_BUILTIN_CLASSES: Dict[str, Tuple[str, str]] = {
+    "IdentityTransformation": (f"{_PKG}.identity", "IdentityTransformation"),
+    "ChainedTransformation": (f"{_PKG}.chained_transform", "ChainedTransformation"),
+    "DictTransformation": (f"{_PKG}.dict_transform", "DictTransformation"),
+    "RescaleTransformation": (f"{_PKG}.rescale", "RescaleTransformation"),
+    "DtypeTransformation": (f"{_PKG}.dtype_cast", "DtypeTransformation"),
+}
+_BUILTIN: Dict[str, Tuple[str, str]] = {}
+for _short, (_module, _attr) in _BUILTIN_CLASSES.items():
+    _BUILTIN[f"{_module}.{_attr}"] = (_module, _attr)
+    _BUILTIN[_short] = (_module, _attr)
+_REGISTRY: ClassRegistry[DataTransformation] = ClassRegistry(
+    "transformation", _BUILTIN, TransformationFormatError,
+    "plugins must call unienv_interface.transformations.register_transformation", base=DataTransformation)
+_STATE = threading.local()
+
+
+def transformation_type_name(cls: Type[DataTransformation]) -> str:
+    """The name JSON uses for `cls` (`module.QualName`)."""
+    return class_type_name(cls)
+
+
+def register_transformation(cls: Type[DataTransformation], *aliases: str) -> Type[DataTransformation]:
+    """Makes `cls` loadable from JSON under its own name and `aliases`. Usable as a class decorator."""
+    return _REGISTRY.register(cls, *aliases)
+
+
+def resolve_transformation_class(name: Any) -> Type[DataTransformation]:
+    """The transformation class registered under `name`; TransformationFormatError for anything unknown."""
+    return _REGISTRY.resolve(name)
+
+
+def transformation_to_json(transformation: DataTransformation) -> Dict[str, Any]:
+    """`{"type": <name>, **transformation.to_json()}`; the class must be registered (built-ins are)."""
+    if not isinstance(transformation, DataTransformation):
+        raise TypeError(f"expected a DataTransformation, got {type(transformation).__name__}")
+    cls = type(transformation)
+    name = transformation_type_name(cls)
+    if name not in _BUILTIN and _REGISTRY.registered_as(name) is not cls:
+        raise ValueError(f"{cls.__name__} is not registered, so it could not be read back: decorate it with "
+                         "unienv_interface.transformations.register_transformation")
+    params = transformation.to_json()
+    if "type" in params:
+        raise ValueError(f"{cls.__name__}.to_json() must not use the reserved key 'type'")
+    return {"type": name, **params}
+
+
+def json_to_transformation(json_data: Mapping[str, Any], backend: Any = None, device: Any = None) -> DataTransformation:
+    """Rebuilds a transformation written by `transformation_to_json` (`backend` / `device` are accepted for
+    reference compatibility; the built-in transformations are backend-neutral and ignore them)."""
+    depth = getattr(_STATE, "depth", 0)
+    if depth >= MAX_DEPTH:
+        raise TransformationFormatError(f"transformation JSON is nested deeper than {MAX_DEPTH} levels")
+    if not isinstance(json_data, Mapping):
+        raise TransformationFormatError(f"a transformation must be described by a JSON object, got "
+                                        f"{type(json_data).__name__}")
+    if "type" not in json_data:
+        raise TransformationFormatError(f"transformation JSON has no 'type' field: {str(dict(json_data))[:120]}")
+    cls = resolve_transformation_class(json_data["type"])
+    params = {k: v for k, v in json_data.items() if k != "type"}
+    _STATE.depth = depth + 1
+    try:
+        return cls.from_json(params)
+    except TransformationFormatError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise TransformationFormatError(f"invalid parameters for {cls.__name__}: {exc}") from None
+    finally:
+        _STATE.depth = depth
+
+
+def check_param_names(params: Mapping[str, Any], allowed: Tuple[str, ...], required: Tuple[str, ...], who: str) -> None:
+    """ValueError naming unknown or missing parameters (shared by the built-in `from_json` methods)."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"{who}: unknown parameter(s) {unknown}; expected {list(allowed)}")
+    missing = [p for p in required if p not in params]
+    if missing:
+        raise ValueError(f"{who}: missing parameter(s) {missing}")
+
+
+__all__ = ["DataTransformation", "TransformationFormatError", "transformation_to_json", "json_to_transformation",
+           "register_transformation", "resolve_transformation_class", "transformation_type_name", "MAX_DEPTH",
+           "check_param_names"]

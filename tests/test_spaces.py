@@ -969,9 +969,16 @@ class TestSerialization:
         assert js["metadata"] == {"source": "sim"}
         box = js["spaces"]["b"]
         assert box["type"] == "BoxSpace" and box["shape"] == [2] and box["dtype"] == "float32"
-        assert box["low"] == [0.0, 0.0] and box["high"] == [1.0, float("inf")]  # full-shape bounds (the reference's)
-        scalar_form = dict(box, low=0.0)          # the abbreviated form earlier versions wrote still reads
-        assert su.json_to_space(scalar_form, sp.backend) == sp.spaces["b"]
+        # the reference's form: the Box's ndim, axes along which a bound does not vary cut to length 1
+        assert box["low"] == [0.0] and box["high"] == [1.0, float("inf")]
+        for other_form in (dict(box, low=0.0), dict(box, low=[0.0, 0.0])):   # forms earlier versions wrote still read
+            assert su.json_to_space(other_form, sp.backend) == sp.spaces["b"]
+        image = su.space_to_json(BoxSpace(B, 0, 255, dt(B, "uint8"), shape=(64, 48, 3)))
+        assert image["low"] == [[[0]]] and image["high"] == [[[255]]]
+        per_channel = np.broadcast_to(np.array([0.0, -1.0, 2.0]), (4, 5, 3))
+        js_pc = su.space_to_json(BoxSpace(B, per_channel, 10.0, dt(B, "float32"), shape=(4, 5, 3)))
+        assert js_pc["low"] == [[[0.0, -1.0, 2.0]]] and js_pc["high"] == [[[10.0]]]
+        assert su.json_to_space(js_pc, sp.backend).low_numpy.tolist() == per_channel.tolist()
         assert js["spaces"]["a"] == {"type": "TextSpace", "min_length": 1, "max_length": 3, "charset": "xy"}
         assert js["spaces"]["t"]["type"] == "TupleSpace" and isinstance(js["spaces"]["t"]["spaces"], list)
         text = json.dumps(js)

@@ -30,8 +30,8 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, creating_dataset,
-                                    dump_transaction)
+from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
+                                    creating_dataset, dump_transaction)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -115,7 +115,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._seg_len = 0
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
         self._durable = True
-        self._space_json: Optional[Dict[str, Any]] = None
+        self._space_json: Optional[EncodedJSON] = None     # the stored space, encoded once (see _metadata)
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
@@ -613,8 +613,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
         segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
         if self._space_json is None:
-            self._space_json = space_to_json(self.single_space if self._stored_storage is None
-                                             else self._stored_storage.single_instance_space)
+            self._space_json = EncodedJSON(space_to_json(self.single_space if self._stored_storage is None
+                                                         else self._stored_storage.single_instance_space))
         stored = st if self._stored_storage is None else self._stored_storage
         meta = {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
                 "capacity": cap, "storage_cls": storage_type_name(type(stored)),

@@ -237,8 +237,8 @@ def check_stored_space(raw: Any, tree: "LeafTree", where: str) -> None:
     """Compares the space a file stored (JSON) with the given one, leaf by leaf (leaves the file lacks are checked
     elsewhere): ValueError naming each leaf whose stored space differs (e.g. other bounds), StorageFormatError when
     the stored JSON is malformed."""
-    from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
-    if raw == space_to_json(tree.space):
+    from unienv_interface.space.space_utils.serialization_utils import json_to_space, same_space_json
+    if same_space_json(tree.space, raw):
         return  # the same space: nothing to compare leaf by leaf
     try:
         stored = json_to_space(raw, tree.space.backend, None)

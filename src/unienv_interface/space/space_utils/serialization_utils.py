@@ -1,7 +1,7 @@
 """Spaces to and from JSON-compatible dicts, so a stored dataset describes itself.
 
-Format: `{"type": "BoxSpace", "shape": [...], "low": <nested list of the full shape>, "high": ..., "dtype": "float32",
-"metadata": {...}}`; Binary has shape and dtype; Dict has `spaces` (a mapping); Tuple has `spaces` (a list); Text
+Format: `{"type": "BoxSpace", "shape": [...], "low": <nested list, uniform axes cut to length 1>, "high": ...,
+"dtype": "float32", "metadata": {...}}`; Binary has shape and dtype; Dict has `spaces` (a mapping); Tuple has `spaces` (a list); Text
 has min_length, max_length, charset. Infinite bounds are written as JSON `Infinity`. Every dtype is supported,
 float16 and bfloat16 included. The JSON is backend-neutral: `json_to_space` rebuilds it on any backend, and reads
 bounds given as a scalar or any shape that broadcasts to the Box's (files written by earlier versions).
@@ -18,9 +18,16 @@ from ..space import Space
 from ..spaces import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
 
 
-def _full(a: np.ndarray) -> Any:
-    """Bounds as a nested list of the Box's full shape (a scalar for a 0-d Box): the form unienv 0.0.1b16 writes and
-    requires (it rejects a scalar bound for a Box of shape (3,)). Reading takes both forms (broadcast)."""
+def _bounds(a: np.ndarray) -> Any:
+    """Bounds as a nested list with the Box's number of dimensions, each axis along which they do not vary cut to
+    length 1 (a scalar for a 0-d Box): `[[[0]]]` for a uint8 image, `[-1.0]` for a uniform (8,) action. This is the
+    form unienv 0.0.1b16 writes; it rejects a bare scalar for a Box of shape (3,) but broadcasts axes of length 1.
+    A 128x128x3 image Box is then a few bytes of JSON instead of ~300 KB. Reading takes any broadcastable form."""
+    for axis in range(a.ndim):
+        if a.shape[axis] > 1:
+            first = a.take([0], axis=axis)
+            if bool((a == first).all()):
+                a = first
     return a.tolist()
 
 
@@ -29,8 +36,8 @@ def space_to_json(space: Space) -> Dict[str, Any]:
     b = space.backend
     out: Dict[str, Any]
     if isinstance(space, BoxSpace):
-        out = {"type": "BoxSpace", "shape": list(space.shape), "low": _full(space.low_numpy),
-               "high": _full(space.high_numpy), "dtype": b.dtype_name(space.dtype)}
+        out = {"type": "BoxSpace", "shape": list(space.shape), "low": _bounds(space.low_numpy),
+               "high": _bounds(space.high_numpy), "dtype": b.dtype_name(space.dtype)}
     elif isinstance(space, BinarySpace):
         out = {"type": "BinarySpace", "shape": list(space.shape), "dtype": b.dtype_name(space.dtype)}
     elif isinstance(space, DictSpace):
@@ -110,7 +117,8 @@ def json_to_space(js: Mapping[str, Any], backend: Any, device: Any = None) -> Sp
 
 def same_space_json(space: Space, js: Any) -> bool:
     """Whether `js` is exactly `space_to_json(space)` (then the space it describes equals `space`, without rebuilding
-    it); False as well when `space` has no JSON form."""
+    it); False as well when `space` has no JSON form. A file written with another bounds form (full-shape, from
+    earlier versions) compares unequal here; callers then rebuild the stored space and compare leaf by leaf."""
     try:
         return bool(space_to_json(space) == js)
     except (ValueError, TypeError):

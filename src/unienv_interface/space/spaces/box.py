@@ -13,6 +13,17 @@ def _int_list_to_numpy(value: Any) -> Optional[np.ndarray]:
     """A (nested) list of Python ints as an exact int64 / uint64 array (NumPy would pick float64 for a mix
     of negative values and values above 2**63); None when it is not all ints."""
     try:
+        fast = np.array(value)
+    except (OverflowError, ValueError):
+        fast = None
+    if fast is not None and fast.dtype != object:
+        if fast.dtype.kind in "iu":
+            return fast if fast.size else None          # NumPy picked an exact integer dtype
+        # a float / bool / str dtype means some element is not an int, except for ints outside int64, which NumPy
+        # turns into float64 (rounded): only those take the exact path below
+        if fast.dtype.kind != "f" or not fast.size or not (np.abs(fast[np.isfinite(fast)]) >= 2.0 ** 63).any():
+            return None
+    try:
         obj = np.array(value, dtype=object)
     except ValueError:
         return None

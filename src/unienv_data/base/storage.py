@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from abc import ABC, abstractmethod
 from functools import partial
@@ -26,6 +27,17 @@ if TYPE_CHECKING:
 
 BatchT = TypeVar("BatchT")
 
+#: Options of one storage's `create` / `load_from` that the reference's callers hand to *every* storage they open:
+#: its `ReplayBuffer.load_from(path, **storage_kwargs)` and its composite storages (dict, flattened, transformed,
+#: backend) pass their keyword arguments on to each child, and its storages ignore what they do not take. The
+#: reference's own tests load every buffer with ``compressed=False`` (an option of `NPZStorage.create`), and a
+#: buffer with video and array keys is opened with the video decoder's options. A storage whose `load_from` does not
+#: name one of these drops it (it has no meaning there); any other unknown option is still refused by the storage,
+#: so a misspelling never passes silently. Options that would change what a storage writes (``codec``, ``fps``, ...)
+#: are not on the list: a storage that cannot honour them refuses them.
+CROSS_STORAGE_LOAD_OPTIONS = frozenset(("compressed", "is_memmap", "reduce_io", "seek_mode", "decode_backend",
+                                        "hardware_acceleration", "cache_decoders"))
+
 
 class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores elements of `single_instance_space` at integer positions.
@@ -42,12 +54,19 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
     single_file_ext: Optional[str] = None
+    #: True for storages whose `load_from` hands its extra keyword arguments on to the storages inside it (dict,
+    #: wrapper storages): they keep `CROSS_STORAGE_LOAD_OPTIONS` for those to take or drop.
+    forwards_load_options: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         raw = cls.__dict__.get("create")
         if isinstance(raw, classmethod) and not getattr(raw.__func__, "_refuses_existing", False):
             cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
+        raw_load = cls.__dict__.get("load_from")
+        if (isinstance(raw_load, classmethod) and not cls.forwards_load_options
+                and not getattr(raw_load.__func__, "_drops_cross_options", False)):
+            cls.load_from = classmethod(_dropping_cross_options(raw_load.__func__))  # type: ignore[method-assign,assignment]
 
     def __init__(self, single_instance_space: Space) -> None:
         if not isinstance(single_instance_space, Space):
@@ -528,6 +547,24 @@ def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
             return create(cls, *args, **kwargs)
     checked._refuses_existing = True  # type: ignore[attr-defined]
     return checked
+
+
+def _dropping_cross_options(load_from: Callable[..., Any]) -> Callable[..., Any]:
+    """`load_from` that drops the `CROSS_STORAGE_LOAD_OPTIONS` it does not name as parameters (see there); applied to
+    every storage class's `load_from` by `SpaceStorage.__init_subclass__` except those that forward options on."""
+    named = {p.name for p in inspect.signature(load_from).parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    foreign = CROSS_STORAGE_LOAD_OPTIONS - named
+    if not foreign:
+        return load_from
+
+    @functools.wraps(load_from)
+    def tolerant(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        for key in foreign.intersection(kwargs):
+            del kwargs[key]
+        return load_from(cls, *args, **kwargs)
+    tolerant._drops_cross_options = True  # type: ignore[attr-defined]
+    return tolerant
 
 
 def _checks_in_prepare(storage: SpaceStorage) -> bool:

@@ -17,6 +17,7 @@ from .storage import SpaceStorage
 class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Forwards lengths, capacity, segments and growth to `self.inner_storage` (set by the subclass)."""
 
+    forwards_load_options = True  # `load_from` passes extra options on to the inner storage's
     inner_storage: SpaceStorage
     inner_storage_path: Union[str, PathLike]
     _cache_filename: Optional[Union[str, PathLike]] = None

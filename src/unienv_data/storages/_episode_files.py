@@ -69,20 +69,24 @@ def check_count(value: Any, name: str, minimum: int) -> int:
     return int(value)
 
 
-def image_shape(space: Any, user: str) -> Tuple[int, int, int]:
+def image_shape(space: Any, user: str, dtypes: Sequence[str] = ("uint8",)) -> Tuple[int, int, int]:
     """`(height, width, channels)` of an image space: a uint8 BoxSpace of shape (H, W, 3) (RGB), or (H, W) or
-    (H, W, 1) (grayscale, channels 1; values keep the space's own shape).
+    (H, W, 1) (grayscale, channels 1; values keep the space's own shape). Other dtypes of `dtypes` (uint16, for
+    storages that keep 16-bit frames) are grayscale only.
 
     Anything else raises TypeError (not a Box) or ValueError (wrong dtype or shape), naming what is expected."""
     expected = "a uint8 BoxSpace of shape (H, W, 3) (RGB), (H, W) or (H, W, 1) (grayscale)"
+    wide = [d for d in dtypes if d != "uint8"]
+    if wide:
+        expected += f", or a {'/'.join(wide)} BoxSpace of shape (H, W) or (H, W, 1) (16-bit grayscale)"
     if not isinstance(space, Space):
         raise TypeError(f"{user} stores images: expected {expected}, got {type(space).__name__}")
     if not isinstance(space, BoxSpace):
         raise TypeError(f"{user} stores images: expected {expected}, got a {type(space).__name__}")
     dtype_name = space.backend.dtype_name(space.dtype)
-    if dtype_name != "uint8":
+    if dtype_name not in dtypes:
         raise ValueError(f"{user} stores images: expected {expected}, got dtype {dtype_name} "
-                         "(convert frames to uint8, or store them in an array storage)")
+                         f"(convert frames to {' or '.join(dtypes)}, or store them in an array storage)")
     shape = tuple(int(d) for d in space.shape)
     if len(shape) == 3 and shape[2] in (1, 3):
         h, w, c = shape
@@ -94,12 +98,17 @@ def image_shape(space: Any, user: str) -> Tuple[int, int, int]:
                          + (" (RGBA is not supported: drop the alpha channel)" if len(shape) == 3 and shape[2] == 4 else ""))
     if h <= 0 or w <= 0:
         raise ValueError(f"{user} stores images: height and width must be positive, got shape {shape}")
+    if dtype_name != "uint8" and c != 1:
+        raise ValueError(f"{user} stores {dtype_name} frames as 16-bit grayscale only: expected shape (H, W) or "
+                         f"(H, W, 1), got {shape} (store {dtype_name} color images in an array storage)")
     return h, w, c
 
 
 def full_range(space: BoxSpace) -> bool:
-    """Whether a uint8 box allows every value 0..255 (else lossy reads are clipped into its bounds)."""
-    return bool(np.all(space.low_numpy == 0) and np.all(space.high_numpy == 255))
+    """Whether an unsigned integer box allows every value of its dtype (0..255 for uint8; else lossy reads are
+    clipped into its bounds)."""
+    top = np.iinfo(np.dtype(space.backend.dtype_name(space.dtype))).max
+    return bool(np.all(space.low_numpy == 0) and np.all(space.high_numpy == top))
 
 
 def reject_extra_args(user: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
@@ -266,15 +275,16 @@ def describe_rows(positions: Iterable[int]) -> str:
 
 # ---------------------------------------------------------------------------------------------------- storage base
 def check_stored_shape(meta: Dict[str, Any], space: Space, directory: str, what: str) -> None:
-    """The metadata's "shape" and "dtype" must be the space's shape and uint8 (ValueError otherwise)."""
+    """The metadata's "shape" and "dtype" must be the space's shape and dtype (ValueError otherwise)."""
     want = list(space.shape or ())
+    want_dtype = space.backend.dtype_name(space.dtype)
     shape, dtype = meta["shape"], meta["dtype"]
     if not (isinstance(shape, list) and all(type(d) is int and d > 0 for d in shape) and isinstance(dtype, str)):
         raise StorageFormatError(f"{directory}: the metadata's frame shape {shape!r} or dtype {dtype!r} is damaged "
                                  "(expected a list of sizes and a dtype name)")
-    if meta["shape"] != want or meta["dtype"] != "uint8":
+    if meta["shape"] != want or meta["dtype"] != want_dtype:
         raise ValueError(f"{directory} holds {meta['dtype']} {what} of shape {meta['shape']}, but the space asks for "
-                         f"uint8 {want}")
+                         f"{want_dtype} {want}")
 
 
 def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], int]:
@@ -292,17 +302,20 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
 
 
 class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
-    """The part `VideoStorage` and `ImageStorage` share: the rows of a uint8 image space kept in files of one
+    """The part `VideoStorage` and `ImageStorage` share: the rows of an image space (`frame_dtypes`) kept in files of one
     directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
     opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows
     (`get_numpy`)."""
 
     single_file_ext: Optional[str] = None
+    #: dtypes of the image spaces the storage keeps (see `image_shape`: anything but uint8 is grayscale only)
+    frame_dtypes: Tuple[str, ...] = ("uint8",)
 
     def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,
                  segments: SegmentLog, read_only: bool, exact: bool, value_name: str) -> None:
         super().__init__(single_instance_space)
-        self._shape = image_shape(single_instance_space, type(self).__name__)
+        self._shape = self._image_shape(single_instance_space)
+        self._dtype = np.dtype(single_instance_space.backend.dtype_name(single_instance_space.dtype))
         self._frame_shape = tuple(int(d) for d in (single_instance_space.shape or ()))
         self._dir = directory
         self._capacity = capacity
@@ -316,11 +329,16 @@ class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ arguments of create / load_from
     @classmethod
+    def _image_shape(cls, space: Any) -> Tuple[int, int, int]:
+        """`image_shape(space)` for the dtypes this storage keeps (`frame_dtypes`)."""
+        return image_shape(space, cls.__name__, cls.frame_dtypes)
+
+    @classmethod
     def _check_create_args(cls, space: Space, args: Sequence[Any], kwargs: Dict[str, Any], capacity: Any,
                            multiprocessing: bool) -> Tuple[Tuple[int, int, int], Optional[int]]:
         """`(image shape, capacity)` for `create()`, refusing extra arguments and a multiprocessing writer."""
         reject_extra_args(f"{cls.__name__}.create()", args, kwargs)
-        shape = image_shape(space, cls.__name__)
+        shape = cls._image_shape(space)
         cap = check_capacity(capacity)
         if multiprocessing:
             raise ValueError(f"{cls.__name__} is written by one process: create it with multiprocessing=False and hand "
@@ -333,7 +351,7 @@ class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """The image shape for `load_from()`, refusing extra arguments and a writable multiprocessing open."""
         if kwargs:
             raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
-        shape = image_shape(space, cls.__name__)
+        shape = cls._image_shape(space)
         if multiprocessing and not read_only:
             raise ValueError(f"{cls.__name__} is written by one process: multiprocessing=True needs read_only=True")
         return shape
@@ -406,10 +424,11 @@ class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     # ------------------------------------------------------------------ reads
     @abstractmethod
     def get_numpy(self, index: Any) -> np.ndarray:
-        """Rows at `index` as a fresh uint8 NumPy array (with a leading batch axis unless the index is an int)."""
+        """Rows at `index` as a fresh NumPy array of the space's dtype (with a leading batch axis unless the index is an
+        int)."""
 
     def _zeros(self, n: Optional[int]) -> np.ndarray:
-        return np.zeros(self._frame_shape if n is None else (n,) + self._frame_shape, dtype=np.uint8)
+        return np.zeros(self._frame_shape if n is None else (n,) + self._frame_shape, dtype=self._dtype)
 
     def _finish_read(self, out: np.ndarray) -> np.ndarray:
         if self._clip is not None:

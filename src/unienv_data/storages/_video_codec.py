@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
@@ -39,6 +40,12 @@ HARDWARE_ENCODERS = ("h264_nvenc", "hevc_nvenc", "av1_nvenc", "h264_qsv", "hevc_
 _SOFTWARE_LOSSY = ("libx264", "libsvtav1", "mpeg4")
 #: 8-bit packed / planar RGB formats: converting rgb24 to and from them is a pure reordering (exact)
 _RGB_FORMATS = ("rgb24", "bgr24", "bgr0", "rgb0", "0rgb", "0bgr", "rgba", "bgra", "argb", "abgr", "gbrp")
+#: 16-bit gray formats (the file pixel formats of uint16 frames): converting between them only swaps bytes (exact)
+GRAY16_FORMATS = ("gray16le", "gray16be")
+#: the 16-bit gray format whose bytes are this machine's uint16 arrays (frames are handed to and read from PyAV in it)
+GRAY16_NATIVE = "gray16le" if sys.byteorder == "little" else "gray16be"
+#: encoders that store 16-bit gray frames exactly
+_GRAY16_CODECS = ("ffv1", "ffvhuff", "png")
 _DEFAULT_OPTIONS: Dict[str, Dict[str, str]] = {
     # (libx264 also gets the B-frame layout of `_x264_frame_layout` unless the caller sets one)
     "libx264": {"preset": "veryfast", "crf": "23"},
@@ -120,14 +127,29 @@ class CodecPlan:
         return dict(self.options)
 
 
-def _format_is_exact(pix_fmt: str, channels: int) -> bool:
+def _format_is_exact(pix_fmt: str, channels: int, dtype: str = "uint8") -> bool:
+    if dtype == "uint16":
+        return channels == 1 and pix_fmt in GRAY16_FORMATS
     if pix_fmt in _RGB_FORMATS:
         return True
     return channels == 1 and pix_fmt == "gray"
 
 
-def _default_pix_fmt(codec: str, formats: List[str], shape: Tuple[int, int, int], exact: bool) -> str:
+def is_exact_file(codec: str, pix_fmt: str) -> bool:
+    """Whether files of codec family `codec` in `pix_fmt` (as a reference-written directory describes them) hold
+    frames bit-exactly: an intra lossless codec with an RGB, 8-bit gray or 16-bit gray pixel format."""
+    return codec in _EXACT_CODECS and (pix_fmt in _RGB_FORMATS or pix_fmt == "gray" or pix_fmt in GRAY16_FORMATS)
+
+
+def _default_pix_fmt(codec: str, formats: List[str], shape: Tuple[int, int, int], exact: bool,
+                     dtype: str = "uint8") -> str:
     h, w, c = shape
+    if dtype == "uint16":
+        for p in (GRAY16_NATIVE,) + GRAY16_FORMATS:
+            if p in formats:
+                return p
+        raise ValueError(f"encoder {codec!r} has no 16-bit gray pixel format (it supports {formats}); uint16 frames "
+                         f"need one of {list(GRAY16_FORMATS)}, e.g. codec='ffv1'")
     if exact:
         prefs = (["gray"] if c == 1 else []) + ["rgb24", "bgr0", "gbrp", "bgr24", "rgba", "bgra"]
     else:
@@ -142,11 +164,26 @@ def _default_pix_fmt(codec: str, formats: List[str], shape: Tuple[int, int, int]
     return formats[0]
 
 
+def _check_uint16_request(codec: str, file_pixel_format: Optional[str]) -> None:
+    """uint16 frames are kept bit-exactly in a 16-bit gray file pixel format by an exact codec: ValueError naming what
+    is expected and what was given otherwise (they are never narrowed to 8 bits)."""
+    if codec not in _GRAY16_CODECS:
+        raise ValueError(f"uint16 frames are stored losslessly as 16-bit gray video: codec must be one of "
+                         f"{list(_GRAY16_CODECS)} (e.g. codec='ffv1' with file_ext='mkv') or 'auto', got {codec!r}")
+    if file_pixel_format is not None and str(file_pixel_format) not in GRAY16_FORMATS:
+        raise ValueError(f"uint16 frames need a 16-bit gray file_pixel_format, one of {list(GRAY16_FORMATS)} (or None), "
+                         f"got {file_pixel_format!r}: {file_pixel_format!r} cannot hold 16-bit values exactly")
+
+
 def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pixel_format: Optional[str],
-               encoder_options: Optional[Dict[str, Any]], gop_size: Optional[int], file_ext: str) -> CodecPlan:
+               encoder_options: Optional[Dict[str, Any]], gop_size: Optional[int], file_ext: str,
+               dtype: str = "uint8") -> CodecPlan:
     """A plan for one encoder; ValueError when the request cannot be met with it. Without a `gop_size`, intra-coded
     codecs (FFV1, PNG, FFV-Huffyuv) make every frame a keyframe (random access decodes one frame, ~5% more bytes) and
-    inter-coded ones use `DEFAULT_GOP`."""
+    inter-coded ones use `DEFAULT_GOP`. uint16 (grayscale) frames are always stored exactly (`_check_uint16_request`)."""
+    if dtype == "uint16":
+        _check_uint16_request(codec, file_pixel_format)
+        lossless = True
     if lossless and codec not in _LOSSLESS_CAPABLE:
         raise ValueError(f"codec {codec!r} is lossy and cannot store frames exactly; for lossless=True use one of "
                          f"{list(_LOSSLESS_CAPABLE)} (e.g. codec='ffv1' with file_ext='mkv', or codec='libx264rgb'), "
@@ -157,14 +194,14 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
     user_exact = codec == "libx264rgb" and user.get("qp") in ("0", "0.0") and "crf" not in user
     capable = codec in _EXACT_CODECS or (codec == "libx264rgb" and (lossless or user_exact))
     if file_pixel_format is None:
-        pix = _default_pix_fmt(codec, formats, shape, capable)
+        pix = _default_pix_fmt(codec, formats, shape, capable, dtype)
     else:
         pix = str(file_pixel_format)
         if pix not in formats:
             raise ValueError(f"file_pixel_format {pix!r} is not supported by encoder {codec!r}; it supports {formats}")
     channels = shape[2]
-    if lossless and not _format_is_exact(pix, channels):
-        exact_ok = [f for f in formats if _format_is_exact(f, channels)]
+    if lossless and not _format_is_exact(pix, channels, dtype):
+        exact_ok = [f for f in formats if _format_is_exact(f, channels, dtype)]
         raise ValueError(f"file_pixel_format {pix!r} cannot hold {'gray' if channels == 1 else 'rgb24'} frames "
                          f"exactly (YUV conversion / chroma subsampling); with lossless=True use one of {exact_ok}")
     opts = dict(_DEFAULT_OPTIONS.get(codec, {})) if not (lossless and codec == "libx264rgb") else {"preset": "veryfast"}
@@ -178,7 +215,7 @@ def _make_plan(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pix
                 raise ValueError(f"encoder_options {key}={user[key]} makes libx264rgb lossy, but lossless=True; drop it")
         user.pop("crf", None)
         opts["qp"] = "0"
-    exact = capable and _format_is_exact(pix, channels)
+    exact = capable and _format_is_exact(pix, channels, dtype)
     gop = gop_size if gop_size is not None else (1 if codec in _EXACT_CODECS else DEFAULT_GOP)
     if codec == "libx264" and not _B_FRAME_KEYS.intersection(user):
         opts.update(_x264_frame_layout(gop))
@@ -227,8 +264,10 @@ def probe_plan(plan: CodecPlan, shape: Tuple[int, int, int], fps: Fraction) -> O
             container = av.open(buf, "w", format=CONTAINERS[plan.file_ext])
             try:
                 enc = _StreamSetup(container, plan, shape, fps)
+                deep = plan.pix_fmt in GRAY16_FORMATS
                 for i in range(2):
-                    frame = enc.frame_from(np.full((h, w, 3) if c == 3 else (h, w), 40 * i, dtype=np.uint8))
+                    frame = enc.frame_from(np.full((h, w, 3) if c == 3 else (h, w), (10000 if deep else 40) * i,
+                                                   dtype=np.uint16 if deep else np.uint8))
                     frame.pts = i
                     for pkt in enc.stream.encode(frame):
                         container.mux(pkt)
@@ -247,24 +286,29 @@ def probe_plan(plan: CodecPlan, shape: Tuple[int, int, int], fps: Fraction) -> O
 
 def select_codec(codec: str, lossless: bool, shape: Tuple[int, int, int], file_pixel_format: Optional[str],
                  encoder_options: Optional[Dict[str, Any]], gop_size: Optional[int], file_ext: str, fps: Fraction,
-                 hardware: str) -> Tuple[CodecPlan, List[List[str]]]:
-    """`(plan, tried)`: the encoder plan to use and `[candidate, outcome]` for every candidate looked at."""
+                 hardware: str, dtype: str = "uint8") -> Tuple[CodecPlan, List[List[str]]]:
+    """`(plan, tried)`: the encoder plan to use and `[candidate, outcome]` for every candidate looked at. `dtype`
+    "uint16" (grayscale frames) asks for an exact 16-bit gray plan whatever `lossless` says."""
     requested = str(codec).lower()
+    if dtype == "uint16":
+        lossless = True
     tried: List[List[str]] = []
     if requested != "auto":
         name = _ALIASES.get(requested, requested)
         if not _encoder_exists(name):
             raise ValueError(f"codec {codec!r} is not a video encoder of this PyAV/FFmpeg build; use codec='auto' or "
                              f"one of {[c for c in _LOSSLESS_CAPABLE + _SOFTWARE_LOSSY if _encoder_exists(c)]}")
-        plan = _make_plan(name, lossless, shape, file_pixel_format, encoder_options, gop_size, file_ext)
+        plan = _make_plan(name, lossless, shape, file_pixel_format, encoder_options, gop_size, file_ext, dtype)
         err = probe_plan(plan, shape, fps_fraction(fps))
         if err is not None:
             raise ValueError(f"encoder {name!r} does not work on this machine for {shape[1]}x{shape[0]} frames in "
                              f".{file_ext} ({err}); codec='auto' picks one that does")
         return plan, [[name, "ok"]]
-    if lossless:
-        candidates: Sequence[str] = (("ffv1", "libx264rgb", "ffvhuff", "png") if file_ext == "mkv"
-                                     else ("libx264rgb", "ffv1", "png", "ffvhuff"))
+    if dtype == "uint16":
+        candidates: Sequence[str] = ("ffv1", "ffvhuff", "png") if file_ext == "mkv" else ("ffv1", "png", "ffvhuff")
+    elif lossless:
+        candidates = (("ffv1", "libx264rgb", "ffvhuff", "png") if file_ext == "mkv"
+                      else ("libx264rgb", "ffv1", "png", "ffvhuff"))
     else:
         hw: Sequence[str] = () if hardware in ("none", "cpu") else HARDWARE_ENCODERS
         candidates = tuple(hw) + (() if hardware == "required" else _SOFTWARE_LOSSY)
@@ -273,7 +317,7 @@ def select_codec(codec: str, lossless: bool, shape: Tuple[int, int, int], file_p
             tried.append([name, "not in this build"])
             continue
         try:
-            plan = _make_plan(name, lossless, shape, file_pixel_format, encoder_options, gop_size, file_ext)
+            plan = _make_plan(name, lossless, shape, file_pixel_format, encoder_options, gop_size, file_ext, dtype)
         except ValueError as exc:
             tried.append([name, f"unsuitable: {exc}"])
             continue
@@ -316,12 +360,20 @@ class _StreamSetup:
             stream.options = plan.options_dict
         self.stream = stream
         self._replicate = c == 1 and plan.pix_fmt in _RGB_FORMATS
-        self._in_fmt = "rgb24" if (c == 3 or self._replicate) else "gray"
+        if plan.pix_fmt in GRAY16_FORMATS:
+            self._in_fmt = GRAY16_NATIVE  # uint16 frames: their bytes as they are in memory
+        else:
+            self._in_fmt = "rgb24" if (c == 3 or self._replicate) else "gray"
         self._pix = plan.pix_fmt
         self._rf = _reformatter()
         self._frame_cls = _av().VideoFrame
 
     def frame_from(self, arr: np.ndarray) -> Any:
+        """A frame of the stream's pixel format from one frame of the storage's dtype (uint16 only for a 16-bit gray
+        plan, uint8 otherwise: a frame of another dtype raises TypeError rather than being narrowed)."""
+        want = np.uint16 if self._in_fmt in GRAY16_FORMATS else np.uint8
+        if arr.dtype != want:
+            raise TypeError(f"a {self._pix} video stream takes {np.dtype(want).name} frames, got {arr.dtype}")
         if arr.ndim == 3 and arr.shape[2] == 1:
             arr = arr[:, :, 0]
         if self._replicate:
@@ -389,5 +441,5 @@ class FrameEncoder:
         remove_quietly(self.path)
 
 
-__all__ = ["CONTAINERS", "HARDWARE_ENCODERS", "DEFAULT_GOP", "CodecPlan", "select_codec", "probe_plan", "fps_fraction",
+__all__ = ["CONTAINERS", "HARDWARE_ENCODERS", "DEFAULT_GOP", "GRAY16_FORMATS", "GRAY16_NATIVE", "is_exact_file", "CodecPlan", "select_codec", "probe_plan", "fps_fraction",
            "codec_family", "EncodedFile", "FrameEncoder"]

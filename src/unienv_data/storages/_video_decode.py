@@ -30,7 +30,7 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 
 from . import _episode_files
 from ._episode_files import copy_repeats
-from ._video_codec import _RGB_FORMATS, CONTAINERS, SLICED_CODECS, _av, _reformatter
+from ._video_codec import _RGB_FORMATS, CONTAINERS, GRAY16_FORMATS, GRAY16_NATIVE, SLICED_CODECS, _av, _reformatter
 from ._video_index import EpisodeFile, RunFileIndex
 
 #: slice threads of a decoder of a `SLICED_CODECS` file by default (128x128 FFV1: 760 f/s on one thread, 1,190 f/s
@@ -104,6 +104,7 @@ class FrameDecoder:
         self._skip_mode = "DEFAULT"
         self._wanted: "set[int]" = set()
         self._maybe_skipped: "set[int]" = set()
+        self._formats_ok: "set[Tuple[str, str]]" = set()
 
     def close(self) -> None:
         c = getattr(self, "_container", None)
@@ -148,13 +149,30 @@ class FrameDecoder:
                     self._skip_mode = mode
             yield from cc.decode(packet)
 
+    def _check_depth(self, name: str, dst: np.ndarray) -> None:
+        """uint16 frames are read from 16-bit gray files only, and 16-bit gray files into uint16 frames only:
+        StorageFormatError otherwise (a conversion would scale 8-bit values up or cut 16-bit ones down)."""
+        key = (name, dst.dtype.str)
+        if key in self._formats_ok:
+            return
+        if (dst.dtype == np.uint16) != (name in GRAY16_FORMATS):
+            raise StorageFormatError(f"video file {self.path} holds {name} frames, which cannot be read as "
+                                     f"{dst.dtype} frames exactly (uint16 frames need a file pixel format of "
+                                     f"{list(GRAY16_FORMATS)}, uint8 frames an 8-bit one)")
+        self._formats_ok.add(key)
+
     def _convert_into(self, frame: Any, dst: np.ndarray) -> None:
-        """Writes the decoded `frame` into `dst` as RGB (or gray): converted by the reused converter, then copied
-        straight from the converted frame's buffer (one copy; `to_ndarray` would add a second)."""
+        """Writes the decoded `frame` into `dst` as RGB, gray or (uint16 `dst`) 16-bit gray in this machine's byte
+        order: converted by the reused converter, then copied straight from the converted frame's buffer (one copy;
+        `to_ndarray` would add a second)."""
         name = frame.format.name
+        self._check_depth(name, dst)
         # gray frames kept in an RGB file: every channel holds the value (exact codecs); G is the best kept one
         green = self._gray and name in _RGB_FORMATS
-        target = "gray" if self._gray and not green else "rgb24"
+        if dst.dtype == np.uint16:
+            target = GRAY16_NATIVE  # gray16le <-> gray16be is a byte swap (exact)
+        else:
+            target = "gray" if self._gray and not green else "rgb24"
         if name != target:
             frame = self._rf.reformat(frame, format=target, threads=1)
         if green or not dst.flags.c_contiguous:
@@ -162,13 +180,13 @@ class FrameDecoder:
             dst[...] = (arr[:, :, 1] if green else arr).reshape(dst.shape)
             return
         plane, h = frame.planes[0], frame.height
-        row = dst.size // h  # bytes of one packed row: width x (3 or 1)
+        row = dst.nbytes // h  # bytes of one packed row: width x (3 or 1) x bytes per value
         src = np.frombuffer(plane, np.uint8)
         if plane.line_size == row:
             src = src[:h * row].reshape(h, row)
         else:  # rows padded for alignment
             src = src[:h * plane.line_size].reshape(h, plane.line_size)[:, :row]
-        dst.reshape(h, row)[...] = src
+        dst.reshape(-1).view(np.uint8).reshape(h, row)[...] = src
 
     def read(self, frames: Sequence[int], out: np.ndarray, rows: Sequence[int]) -> None:
         """Writes frame `frames[j]` into `out[rows[j]]`; `frames` must be increasing."""

@@ -26,7 +26,7 @@ from unienv_interface.space import Space
 
 from ._episode_files import (check_capacity, check_count, check_rows_fields, check_stored_shape, is_temp_name,
                              place_copy, remove_quietly, ring_positions)
-from ._video_codec import CONTAINERS, CodecPlan, fps_fraction
+from ._video_codec import CONTAINERS, CodecPlan, fps_fraction, is_exact_file
 from ._video_index import EpisodeFile, RunFileIndex
 
 METADATA_FILE = "video_metadata.json"
@@ -115,8 +115,8 @@ def parse_reference(directory: str, meta: Dict[str, Any], where: str, capacity: 
         index.place(EpisodeFile(name, n, os.path.getsize(full), keyframes=None), ring_positions(s, n, cap))
         segments.add(s, n)
     codec = str(meta.get("codec_base") or "h264")
-    plan = CodecPlan(codec, str(meta.get("file_pixel_format") or "yuv420p"), (), False, 1,
-                     ext if ext in CONTAINERS else "mp4")
+    pix = str(meta.get("file_pixel_format") or "yuv420p")
+    plan = CodecPlan(codec, pix, (), is_exact_file(codec, pix), 1, ext if ext in CONTAINERS else "mp4")
     return VideoLayout(plan, meta["fps"], cap, length, index, segments,
                        {"requested": "reference", "chosen": codec, "tried": []})
 

@@ -31,14 +31,22 @@ def _normalize_hw(value: Any) -> str:
     return str(_pick(v, _HW_VALUES, "hardware_acceleration"))
 
 
+def buffer_format_for(shape: Tuple[int, int, int], dtype: str) -> str:
+    """The pixel format of the frames handed in and out (the reference's ``buffer_pixel_format``): "rgb24" for RGB,
+    "gray" for uint8 grayscale, "gray16le" for uint16 grayscale (the reference's name for 16-bit depth frames)."""
+    if dtype == "uint16":
+        return "gray16le"
+    return "rgb24" if shape[2] == 3 else "gray"
+
+
 def runtime_options(seek_mode: Any, hardware_acceleration: Any, decode_backend: Any, buffer_pixel_format: Any,
                     shape: Tuple[int, int, int], cache_decoders: Any, decoder_cache_size: Any,
-                    decoder_threads: Any) -> Dict[str, Any]:
+                    decoder_threads: Any, dtype: str = "uint8") -> Dict[str, Any]:
     """The checked options of `VideoStorage.create` / `load_from` that do not change the files: how frames are
     decoded (seek mode, backend, decoder cache size and threads), where encoders run, the buffer pixel format."""
-    expected_buf = "rgb24" if shape[2] == 3 else "gray"
+    expected_buf = buffer_format_for(shape, dtype)
     if buffer_pixel_format is not None and buffer_pixel_format != expected_buf:
-        raise ValueError(f"buffer_pixel_format must be {expected_buf!r} for frames of shape "
+        raise ValueError(f"buffer_pixel_format must be {expected_buf!r} for {dtype} frames of shape "
                          f"{shape[:2] if shape[2] == 1 else shape}, got {buffer_pixel_format!r}")
     if decoder_cache_size is None:
         # reopening a decoder costs ~1-2 ms (container + codec open), about as much as decoding a GOP of small
@@ -54,4 +62,4 @@ def runtime_options(seek_mode: Any, hardware_acceleration: Any, decode_backend: 
             "decoder_threads": None if decoder_threads is None else check_count(decoder_threads, "decoder_threads", 0)}
 
 
-__all__ = ["runtime_options"]
+__all__ = ["buffer_format_for", "runtime_options"]

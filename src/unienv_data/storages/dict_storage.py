@@ -79,6 +79,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     garbage collection never closes children. Pickles (for worker processes) by pickling its children.
     """
 
+    forwards_load_options = True  # `load_from` passes extra options on to every child's
+
     single_file_ext: Optional[str] = None
 
     def __init__(self, single_instance_space: Space, storages: Mapping[str, SpaceStorage], *,

@@ -43,7 +43,7 @@ from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
 from unienv_interface.space import Space
 
-from ._episode_files import (FileRowStorage, check_count, consecutive_runs, describe_rows, image_shape,
+from ._episode_files import (FileRowStorage, check_count, consecutive_runs, describe_rows,
                              prepare_new_directory, remove_quietly, ring_positions)
 from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, EncodedFile, FrameEncoder, codec_family, fps_fraction,
                            probe_plan, select_codec)
@@ -51,13 +51,14 @@ from ._video_decode import DecoderCache
 from ._video_index import EpisodeFile, RunFileIndex
 from ._video_layout import (METADATA_FIELDS, METADATA_FILE, REFERENCE_INDEX_FILE, VideoLayout, dump_files,
                             new_file_name, orphan_names, parse_metadata, parse_reference, verify_files)
-from ._video_options import runtime_options
+from ._video_options import buffer_format_for, runtime_options
 from ._video_writer import VideoSegmentWriter
 
 
 @register_storage
 class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
-    """Frames of a (H, W, 3) or (H, W) uint8 BoxSpace stored as video files (see the module docstring).
+    """Frames of a (H, W, 3) or (H, W) uint8 BoxSpace, or of a (H, W) / (H, W, 1) uint16 one (16-bit grayscale, e.g.
+    depth in millimetres), stored as video files (see the module docstring).
 
     `create(space, *, codec="auto", lossless=False, fps=15, gop_size=None, file_ext="mp4", file_pixel_format=None,
     encoder_options=None, capacity=None, cache_path (required, new or empty directory), multiprocessing=False,
@@ -68,6 +69,10 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
       ones (FFV1, PNG); keyframe positions are recorded while writing and random reads seek to them.
     * ``lossless=True`` stores frames bit-exactly (FFV1 / libx264rgb qp 0 / PNG / FFV-Huffyuv); asking a lossy codec
       for it raises ValueError. Lossy reads of a box with narrower bounds than 0..255 are clipped into the bounds.
+    * uint16 frames are always stored bit-exactly in a 16-bit gray file pixel format ("gray16le", as the reference
+      writes depth video; "gray16be" for PNG) by FFV1 (``codec="ffv1"``, ``file_ext="mkv"``; ``codec="auto"`` picks
+      it), FFV-Huffyuv or PNG; ``buffer_pixel_format`` is then "gray16le". A lossy codec or an 8-bit file pixel
+      format raises ValueError: 16-bit values are never narrowed.
     * ``capacity=None`` grows; a fixed capacity is a ring.
     * ``codec`` / ``codec_base`` / ``file_pixel_format`` / ``is_exact`` / ``codec_selection`` tell what was chosen.
     * Recently used decoders stay open (``decoder_cache_size``: default 64 for small frames, down to 8 for large
@@ -81,6 +86,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
       there; ``load_from`` checks the metadata and that every listed file exists with its recorded size.
     * Pickling gives a read-only copy of the committed state (for reader processes).
     """
+
+    frame_dtypes = ("uint8", "uint16")
 
     def __init__(self, single_instance_space: Space, directory: str, plan: CodecPlan, fps: Any,
                  capacity: Optional[int], length: int, index: RunFileIndex, segments: SegmentLog, *,
@@ -121,14 +128,15 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             raise ValueError(f"file_ext must be one of {sorted(CONTAINERS)}, got {file_ext!r}")
         fps_frac = fps_fraction(fps)
         gop = None if gop_size is None else check_count(gop_size, "gop_size", 1)
+        dtype = cls._space_dtype(single_instance_space)
         opts = runtime_options(seek_mode, hardware_acceleration, decode_backend, buffer_pixel_format, shape,
-                               cache_decoders, decoder_cache_size, decoder_threads)
+                               cache_decoders, decoder_cache_size, decoder_threads, dtype)
         if encoder_options is not None and not isinstance(encoder_options, dict):
             raise TypeError(f"encoder_options must be a dict of encoder option names to values, got {encoder_options!r}")
         if not isinstance(codec, str):
             raise TypeError(f"codec must be a string (an encoder name or 'auto'), got {codec!r}")
         plan, tried = select_codec(codec, bool(lossless), shape, file_pixel_format, encoder_options, gop, ext, fps_frac,
-                                   opts["hardware_acceleration"])
+                                   opts["hardware_acceleration"], dtype)
         directory = prepare_new_directory(cache_path, cls.__name__)
         selection = {"requested": codec, "chosen": plan.codec, "tried": tried}
         st = cls(single_instance_space, directory, plan, fps, cap, 0, RunFileIndex(cap or 0), SegmentLog(cap),
@@ -148,7 +156,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         every listed video file exists with the size recorded when it was written."""
         shape = cls._check_load_args(single_instance_space, kwargs, read_only, multiprocessing)
         opts = runtime_options(seek_mode, hardware_acceleration, decode_backend, buffer_pixel_format, shape,
-                               cache_decoders, decoder_cache_size, decoder_threads)
+                               cache_decoders, decoder_cache_size, decoder_threads,
+                               cls._space_dtype(single_instance_space))
         directory, meta_path, meta, version = cls._read_directory(path, METADATA_FILE)
         if version == 0:
             return cls._load_reference(directory, meta, meta_path, single_instance_space, capacity, read_only, opts)
@@ -179,6 +188,11 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                              "(dumps() it to a new directory to get a writable copy)")
         layout = parse_reference(directory, meta, where, capacity)
         return cls._from_layout(space, directory, layout, True, opts, format_version=0)
+
+    @staticmethod
+    def _space_dtype(space: Space) -> str:
+        """The dtype name of an image space ("uint8" or "uint16")."""
+        return str(space.backend.dtype_name(space.dtype))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -247,13 +261,12 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             idx["files"] = {rename.get(k, k): v for k, v in idx["files"].items()}
             idx["runs"] = [[r, n, rename.get(name, name), f0] for r, n, name, f0 in idx["runs"]]
         plan = self._plan
-        c = self._shape[2]
         # the bare class name, as unienv 0.0.1b16 writes and requires (loading here takes the module path too)
         return {"storage_type": type(self).__name__, "format_version": FORMAT_VERSION,
                 "codec": plan.codec, "codec_base": self.codec_base, "codec_selection": self.codec_selection,
                 "lossless": plan.exact, "file_ext": plan.file_ext, "fps": self._fps_value, "gop_size": plan.gop_size,
-                "file_pixel_format": plan.pix_fmt, "buffer_pixel_format": "rgb24" if c == 3 else "gray",
-                "encoder_options": plan.options_dict, "shape": list(self._frame_shape), "dtype": "uint8",
+                "file_pixel_format": plan.pix_fmt, "buffer_pixel_format": buffer_format_for(self._shape, self._dtype.name),
+                "encoder_options": plan.options_dict, "shape": list(self._frame_shape), "dtype": self._dtype.name,
                 "capacity": self._capacity, "length": self._length, "segments": self._segments.to_json(),
                 "files": idx["files"], "runs": idx["runs"]}
 
@@ -278,7 +291,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                                    f"machine ({err}); new frames cannot be written")
             plan, tried = select_codec("auto", self._plan.exact, self._shape,
                                        self._plan.pix_fmt if self._plan.exact else None, None, self._plan.gop_size,
-                                       self._plan.file_ext, self._fps, self.hardware_acceleration)
+                                       self._plan.file_ext, self._fps, self.hardware_acceleration, self._dtype.name)
             self._plan = plan
             self._selection = {"requested": "auto", "chosen": plan.codec, "tried": tried}
             self._meta_dirty = True
@@ -377,7 +390,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ reads
     def get_numpy(self, index: Any) -> np.ndarray:
-        """Frames at `index` as a fresh uint8 NumPy array ((H, W, 3) / (H, W), with a leading batch axis unless the
+        """Frames at `index` as a fresh uint8 (uint16) NumPy array ((H, W, 3) / (H, W), with a leading batch axis unless the
         index is a single int); rows never written read as zeros. Rows of the open append-built segment raise
         StorageStateError until `mark_segment_end()`."""
         self._check_open()
@@ -574,7 +587,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         space = state["space"]
-        image_shape(space, type(self).__name__)
+        VideoStorage._image_shape(space)
         other = VideoStorage._from_metadata(state["dir"], state["meta"], "pickled VideoStorage", space, True,
                                             state["opts"])
         self.__dict__.update(other.__dict__)

@@ -50,6 +50,37 @@ def take_rows(data: Any, idx: np.ndarray, backend: Any) -> Any:
     return map_leaves(data, lambda leaf: leaf[_index_for(leaf, backend, idx)])
 
 
+def to_host_numpy(leaf: Any) -> np.ndarray:
+    """A leaf as a NumPy array on the host (a torch tensor through `.numpy()`, on the CPU first; no copy where the
+    libraries allow)."""
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    if hasattr(leaf, "detach") and hasattr(leaf, "cpu"):
+        return leaf.detach().cpu().numpy()  # type: ignore[no-any-return]
+    return np.asarray(leaf)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Writes every leaf of `src` into the NumPy leaf at the same place of `dst` (equally nested); a ValueError
+    names the first leaf whose shape differs."""
+    if isinstance(dst, np.ndarray):
+        arr = to_host_numpy(src)
+        if tuple(arr.shape) != tuple(dst.shape):
+            raise ValueError(f"copy_into: the data has shape {tuple(arr.shape)}, the destination {tuple(dst.shape)}")
+        dst[...] = arr
+        return
+    if isinstance(dst, dict):
+        for k, v in dst.items():
+            copy_into(v, src[k])
+        return
+    if isinstance(dst, (tuple, list)):
+        for v, w in zip(dst, src):
+            copy_into(v, w)
+        return
+    raise TypeError(f"copy_into: the destination must be nested dicts / tuples / lists of NumPy arrays, got "
+                    f"{type(dst).__name__}")
+
+
 def take_row(data: Any, i: int) -> Any:
     """Row `i` of every leaf (the leading axis removed); NumPy scalars stay 0-d arrays."""
     def one(leaf: Any) -> Any:

@@ -13,8 +13,9 @@ every row alike; the summary gives min and median samples/s per row and the rati
 (>= 1 is the goal). `--compare` adds plain DataLoaders with 2 workers (tensor collate: one shared-memory segment
 per tensor; identity collate: NumPy pickled through the pipe) for comparison.
 
-Each row also prints the CPU time the training process itself spends per batch (`getrusage`, its own threads
-only): what the workers take off the training loop. Samples/s depend on how many cores are free; on a machine
+Each row also prints the CPU time per batch of the training process itself (`getrusage`, its own threads only:
+what the workers take off the training loop) and of the worker processes (`/proc/<pid>/stat`: what making a
+batch costs there); unlike samples/s, these hardly depend on how busy the cores are. Samples/s depend on how many cores are free; on a machine
 whose cores are busy with other work, 2 workers plus the training process compete for them.
 
 Run: `.venv/bin/python bench/bench_windows.py [--steps 3000] [--seconds 2] [--repeats 3] [--batch 64]`.
@@ -70,29 +71,46 @@ def plain(ds: Any, workers: int, collate: Callable[[Any], Any], batch: int) -> A
                       persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
 
 
-def measure(loader: Any, seconds: float) -> Tuple[float, float]:
-    """`(samples/s, CPU ms the training process spends per batch)`: the second is what workers take off the
-    training loop, and does not depend on how busy the other cores are."""
+def _worker_cpu(it: Any) -> float:
+    """CPU seconds the loader iterator's worker processes have used so far (Linux `/proc`; 0 without workers)."""
+    total = 0.0
+    for w in getattr(it, "_workers", []):
+        try:
+            with open(f"/proc/{w.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+    return total
+
+
+def measure(loader: Any, seconds: float) -> Tuple[float, float, float]:
+    """`(samples/s, CPU ms the training process spends per batch, CPU ms the workers spend per batch)`: the CPU
+    figures do not depend on how busy the machine's cores are; the workers' is what a batch costs to make."""
     import resource
     n = batches = 0
     it = iter(loader)
     for _ in range(3):                     # warm-up: worker start, page cache
         next(it)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
+    w0 = _worker_cpu(it)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         try:
             b = next(it)
         except StopIteration:
+            w0 -= _worker_cpu(it)
             it = iter(loader)
+            w0 += _worker_cpu(it)
             continue
         n += int(b["index"].shape[0])
         batches += 1
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
+    wcpu = _worker_cpu(it) - w0
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     del it, loader
-    return n / dt, 1e3 * cpu / max(batches, 1)
+    return n / dt, 1e3 * cpu / max(batches, 1), 1e3 * wcpu / max(batches, 1)
 
 
 def main(argv: Any = None) -> int:
@@ -103,6 +121,7 @@ def main(argv: Any = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="measured seconds per row and repeat")
     p.add_argument("--repeats", type=int, default=3, help="rounds; every round runs every row once (interleaved)")
     p.add_argument("--backends", default="numpy,torch", help="backends the buffer is opened with")
+    p.add_argument("--prefetch", default="2", help="prefetch_factor values of the 2-worker rows (comma separated)")
     p.add_argument("--compare", action="store_true",
                    help="also run the plain-DataLoader rows (tensor collate, pickled NumPy) for comparison")
     p.add_argument("--dir", default=None, help="where to write the dataset (default: a temporary directory)")
@@ -122,27 +141,34 @@ def main(argv: Any = None) -> int:
         print(f"{len(first)} windows, batch {args.batch} = {mb:.1f} MiB; CPUs: {os.cpu_count()}; "
               f"{args.repeats} rounds of {args.seconds:g} s per row")
         rows: List[Tuple[str, int, Callable[[], Any]]] = []
+        prefetch = [int(x) for x in args.prefetch.split(",")]
         for b, ds in sets.items():
-            for w in (0, 2):
-                rows.append((f"{b} default", w, lambda ds=ds, w=w: shared_memory_dataloader(
-                    ds, args.batch, num_workers=w, seed=0, persistent_workers=w > 0)))
+            rows.append((f"{b} default", 0, lambda ds=ds: shared_memory_dataloader(ds, args.batch, num_workers=0,
+                                                                                   seed=0)))
+            for pf in prefetch:
+                label = f"{b} default" if pf == prefetch[0] else f"{b} prefetch {pf}"
+                rows.append((label, 2, lambda ds=ds, pf=pf: shared_memory_dataloader(
+                    ds, args.batch, num_workers=2, seed=0, persistent_workers=True, prefetch_factor=pf)))
         if args.compare:
             ds = next(iter(sets.values()))
             rows += [("tensor collate", 2, lambda: plain(ds, 2, WindowDataset.collate_fn, args.batch)),
                      ("numpy (pickled)", 2, lambda: plain(ds, 2, identity, args.batch))]
         rates: Dict[Tuple[str, int], List[float]] = {}
         cpus: Dict[Tuple[str, int], List[float]] = {}
+        wcpus: Dict[Tuple[str, int], List[float]] = {}
         for r in range(args.repeats):
             for label, w, make in rows:
-                rate, cpu = measure(make(), args.seconds)
+                rate, cpu, wcpu = measure(make(), args.seconds)
                 rates.setdefault((label, w), []).append(rate)
                 cpus.setdefault((label, w), []).append(cpu)
-                print(f"  round {r + 1}: {label:16s} workers={w}: {rate:9.0f} samples/s, "
-                      f"training process {cpu:5.2f} ms CPU per batch", flush=True)
-        print(f"{'loader':16s} {'workers':>7s} {'min':>9s} {'median':>9s}  samples/s   CPU ms/batch (median)")
+                wcpus.setdefault((label, w), []).append(wcpu)
+                print(f"  round {r + 1}: {label:16s} workers={w}: {rate:9.0f} samples/s, CPU ms per batch: "
+                      f"training process {cpu:5.2f}, workers {wcpu:5.2f}", flush=True)
+        print(f"{'loader':16s} {'workers':>7s} {'min':>9s} {'median':>9s}  (samples/s)  CPU ms per batch (median): "
+              "training process, workers")
         for (label, w), v in rates.items():
-            print(f"{label:16s} {w:7d} {min(v):9.0f} {float(np.median(v)):9.0f}  "
-                  f"{float(np.median(cpus[(label, w)])):8.2f}")
+            print(f"{label:16s} {w:7d} {min(v):9.0f} {float(np.median(v)):9.0f}  {'':11s}  "
+                  f"{float(np.median(cpus[(label, w)])):5.2f}, {float(np.median(wcpus[(label, w)])):5.2f}")
         for b in sets:
             r0, r2 = rates[(f"{b} default", 0)], rates[(f"{b} default", 2)]
             per_round = [x2 / x0 for x0, x2 in zip(r0, r2)]

@@ -30,9 +30,12 @@ Normalisation. `stats` (a dataset directory or `stats.json` path, or a dict, see
 is replaced by 1, so a constant feature becomes 0 (or -1 for the ranges) instead of a division by zero.
 
 Training. `len`, `ds[i]` (one item) and `ds.__getitems__(indices)` (a whole batch, one read per key) make it a
-map-style torch Dataset; give a DataLoader ``collate_fn=WindowDataset.collate_fn``, which passes batches through
-as torch tensors (zero-copy from NumPy), so worker processes hand them over in shared memory. As a `BatchBase` it
-feeds the samplers: ``StepSampler(ds, batch_size=64, seed=0).sample()`` is a random batch of windows.
+map-style torch Dataset. The recommended loader is ``shared_memory_dataloader(ds, batch_size, num_workers=N)``
+(`unienv_data.integrations.torch_loader`, see docs/batches.md): its workers call `get_at_into`, which gathers the
+windows of array columns straight into a shared-memory batch slot (no intermediate batch, no copy in the training
+process). A plain DataLoader takes ``collate_fn=WindowDataset.collate_fn`` (batches as torch tensors, zero-copy
+from NumPy). As a `BatchBase` it feeds the samplers: ``StepSampler(ds, batch_size=64, seed=0).sample()`` is a
+random batch of windows.
 """
 from __future__ import annotations
 

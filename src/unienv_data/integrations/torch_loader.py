@@ -104,6 +104,7 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
         self.slot_bytes = slot_bytes
         # the layout of a one-item batch when the batch reads straight into arrays (`get_at_into`), else None
         self.item_spec = item_spec if callable(getattr(batch, "get_at_into", None)) else None
+        self._layouts: Dict[int, Optional[Tuple[Any, int]]] = {}     # batch size -> batch_layout(item_spec, n)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -116,7 +117,10 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
         idx = np.asarray(idx, dtype=np.int64)
         in_worker = get_worker_info() is not None
         if in_worker and slot is not None and self.item_spec is not None:
-            laid = batch_layout(self.item_spec, int(idx.shape[0]))
+            n = int(idx.shape[0])
+            laid = self._layouts.get(n)
+            if laid is None and n not in self._layouts:
+                laid = self._layouts[n] = batch_layout(self.item_spec, n)
             if laid is not None and laid[1] <= self.slot_bytes:
                 # the reader gathers straight into the slot: the batch's only copy, made in the worker
                 spec = laid[0]

@@ -18,7 +18,10 @@ what the workers take off the training loop) and of the worker processes (`/proc
 batch costs there); unlike samples/s, these hardly depend on how busy the cores are. Samples/s depend on how many cores are free; on a machine
 whose cores are busy with other work, 2 workers plus the training process compete for them.
 
-Run: `.venv/bin/python bench/bench_windows.py [--steps 3000] [--seconds 2] [--repeats 3] [--batch 64]`.
+`--step-ms X` makes the loop sleep X ms per batch, like a training step waiting for an accelerator: workers then
+read while the loop waits (without them the two add up).
+
+Run: `.venv/bin/python bench/bench_windows.py [--steps 3000] [--seconds 2] [--repeats 3] [--batch 64] [--step-ms 0]`.
 """
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ def _worker_cpu(it: Any) -> float:
     return total
 
 
-def measure(loader: Any, seconds: float) -> Tuple[float, float, float]:
+def measure(loader: Any, seconds: float, step_ms: float = 0.0) -> Tuple[float, float, float]:
     """`(samples/s, CPU ms the training process spends per batch, CPU ms the workers spend per batch)`: the CPU
     figures do not depend on how busy the machine's cores are; the workers' is what a batch costs to make."""
     import resource
@@ -105,6 +108,8 @@ def measure(loader: Any, seconds: float) -> Tuple[float, float, float]:
             continue
         n += int(b["index"].shape[0])
         batches += 1
+        if step_ms:
+            time.sleep(step_ms / 1e3)      # a training step that waits for an accelerator (frees the CPU)
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     wcpu = _worker_cpu(it) - w0
@@ -122,6 +127,8 @@ def main(argv: Any = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds; every round runs every row once (interleaved)")
     p.add_argument("--backends", default="numpy,torch", help="backends the buffer is opened with")
     p.add_argument("--prefetch", default="2", help="prefetch_factor values of the 2-worker rows (comma separated)")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="a simulated training step per batch: the loop sleeps this long (as when it waits for a GPU)")
     p.add_argument("--compare", action="store_true",
                    help="also run the plain-DataLoader rows (tensor collate, pickled NumPy) for comparison")
     p.add_argument("--dir", default=None, help="where to write the dataset (default: a temporary directory)")
@@ -158,7 +165,7 @@ def main(argv: Any = None) -> int:
         wcpus: Dict[Tuple[str, int], List[float]] = {}
         for r in range(args.repeats):
             for label, w, make in rows:
-                rate, cpu, wcpu = measure(make(), args.seconds)
+                rate, cpu, wcpu = measure(make(), args.seconds, args.step_ms)
                 rates.setdefault((label, w), []).append(rate)
                 cpus.setdefault((label, w), []).append(cpu)
                 wcpus.setdefault((label, w), []).append(wcpu)

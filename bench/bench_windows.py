@@ -26,6 +26,7 @@ Run: `.venv/bin/python bench/bench_windows.py [--steps 3000] [--seconds 2] [--re
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -150,12 +151,12 @@ def main(argv: Any = None) -> int:
         rows: List[Tuple[str, int, Callable[[], Any]]] = []
         prefetch = [int(x) for x in args.prefetch.split(",")]
         for b, ds in sets.items():
-            rows.append((f"{b} default", 0, lambda ds=ds: shared_memory_dataloader(ds, args.batch, num_workers=0,
-                                                                                   seed=0)))
+            rows.append((f"{b} default", 0, functools.partial(shared_memory_dataloader, ds, args.batch,
+                                                              num_workers=0, seed=0)))
             for pf in prefetch:
                 label = f"{b} default" if pf == prefetch[0] else f"{b} prefetch {pf}"
-                rows.append((label, 2, lambda ds=ds, pf=pf: shared_memory_dataloader(
-                    ds, args.batch, num_workers=2, seed=0, persistent_workers=True, prefetch_factor=pf)))
+                rows.append((label, 2, functools.partial(shared_memory_dataloader, ds, args.batch, num_workers=2,
+                                                         seed=0, persistent_workers=True, prefetch_factor=pf)))
         if args.compare:
             ds = next(iter(sets.values()))
             rows += [("tensor collate", 2, lambda: plain(ds, 2, WindowDataset.collate_fn, args.batch)),

@@ -377,3 +377,121 @@ for _ in range(2):
     assert "RuntimeWarning" not in before                      # no workers, or the shared-memory loader: silent
     assert after.count("RuntimeWarning") == 2                  # once per worker process (one per DataLoader here)
     assert "shared_memory_dataloader(dataset, batch_size, num_workers=N)" in after
+
+
+# ---------------------------------------------------------------- reading straight into caller-given arrays
+def empty_like_batch(ds: WindowDataset, n: int) -> Dict[str, Any]:
+    """NumPy arrays laid out like a batch of `n` items of `ds` (what a shared-memory slot holds)."""
+    from unienv_data.batches._tree import map_leaves, to_host_numpy
+    one = ds.get_at(np.zeros(1, dtype=np.int64))
+    return map_leaves(one, lambda leaf: np.full((n,) + tuple(leaf.shape[1:]), 77,
+                                                dtype=to_host_numpy(leaf).dtype))
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_get_at_into_equals_read_items_with_pad_masks_at_episode_edges(buffer: ReplayBuffer, tmp_path: Path,
+                                                                       normalized: bool) -> None:
+    kw: Dict[str, Any] = {}
+    if normalized:
+        write_stats(tmp_path, compute_stats(buffer))
+        kw = {"stats": tmp_path, "normalize": {"action": "mean_std"}}
+    ds = WindowDataset(buffer, WINDOWS, **kw)
+    items = np.array([5, 4, 0, 12, 24, 6, 5], dtype=np.int64)       # episode starts / ends, a repeat
+    want = ds.__getitems__(items)
+    out = empty_like_batch(ds, items.shape[0])
+    ds.get_at_into(items, out)
+    assert set(out) == set(want)
+    for k in want:
+        assert out[k].dtype == np.asarray(want[k]).dtype, k
+        np.testing.assert_array_equal(out[k], want[k], err_msg=k)
+    # item 5 is the first step of episode 1 (length 1): frame -1 is padded, and so is every frame after 0
+    np.testing.assert_array_equal(out["observation.image_is_pad"][0], [True, False])
+    np.testing.assert_array_equal(out["action_is_pad"][0], [False, True, True, True])
+    np.testing.assert_array_equal(out["observation.image"][0, 0], out["observation.image"][0, 1])  # repeats step 0
+    # item 4 is the last step of episode 0 (length 5)
+    np.testing.assert_array_equal(out["action_is_pad"][1], [False, True, True, True])
+    np.testing.assert_array_equal(out["obs/pos_is_pad"][2], [True, False, False])   # [-2, 1, 3] at step 0
+
+
+def test_get_at_into_rejects_a_wrong_destination(disk_buffer: ReplayBuffer) -> None:
+    ds = WindowDataset(disk_buffer, WINDOWS)
+    out = empty_like_batch(ds, 3)
+    with pytest.raises(IndexError):
+        ds.get_at_into(np.array([0, 1, len(ds)]), out)
+    bad = dict(out, **{"observation.image": out["observation.image"][:, ::-1]})     # not C-contiguous
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ds.get_at_into(np.arange(3), bad)
+    col = disk_buffer.get_column("action")
+    with pytest.raises(ValueError, match="float32"):
+        col.get_at_into(np.arange(3), np.zeros((3, 2), np.float64))
+    dst = np.zeros((3, 2), np.float32)
+    col.get_at_into(np.array([-1, 0, 2]), dst)                        # negatives count from the end, like get_at
+    np.testing.assert_array_equal(dst, col.get_at(np.array([-1, 0, 2])))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_shared_memory_dataloader_0_and_2_workers_give_identical_batches(disk_buffer: ReplayBuffer, tmp_path: Path,
+                                                                         backend: str) -> None:
+    """Same seed: the same index batches (the batch sampler runs in the training process) and the same values;
+    with workers the windows are gathered straight into the shared-memory slots."""
+    from unienv_data.integrations.torch_loader import shared_memory_dataloader
+    rb = disk_buffer if backend == "numpy" else ReplayBuffer.load_from(tmp_path / "rb", backend=backend)
+    try:
+        ds = WindowDataset(rb, WINDOWS)
+        runs = []
+        for workers in (0, 2):
+            loader = shared_memory_dataloader(ds, 5, shuffle=True, seed=3, num_workers=workers)
+            if workers:
+                assert loader.dataset.item_spec is not None          # the gather-into-slot path is on
+            runs.append([{k: v.numpy().copy() for k, v in b.items()} for b in loader])
+            del loader
+        assert len(runs[0]) == len(runs[1]) == -(-len(ds) // 5)
+        for b0, b2 in zip(*runs):
+            assert set(b0) == set(b2)
+            for k in b0:
+                assert b0[k].dtype == b2[k].dtype, k
+                np.testing.assert_array_equal(b0[k], b2[k], err_msg=k)
+        seen = np.concatenate([b["index"] for b in runs[1]])
+        assert np.array_equal(np.sort(seen), np.arange(len(ds)))
+    finally:
+        if rb is not disk_buffer:
+            rb.close()
+
+
+def test_torch_backend_buffer_reads_columns_not_whole_rows(disk_buffer: ReplayBuffer, tmp_path: Path) -> None:
+    """A buffer written with NumPy storages and opened on torch serves `get_column` through the backend wrapper,
+    so a WindowDataset reads each key's own column (it used to read whole rows at every frame of any key)."""
+    from unienv_data.replay_buffer._column_view import ColumnView
+    disk_buffer.dumps(tmp_path / "again")
+    rb = ReplayBuffer.load_from(tmp_path / "again", backend="torch")
+    try:
+        col = rb.get_column("action")
+        assert isinstance(col, ColumnView)
+        got = col.get_at(np.array([3, 0]))
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+        np.testing.assert_array_equal(got.numpy(), disk_buffer.get_at(np.array([3, 0]))["action"])
+        ds_t = WindowDataset(rb, WINDOWS)
+        assert all(c is not None for c in ds_t._reader.columns.values())
+        ds_n = WindowDataset(disk_buffer, WINDOWS)
+        items = np.arange(len(ds_n))
+        a, b = ds_t.__getitems__(items), ds_n.__getitems__(items)
+        for k in b:
+            assert isinstance(a[k], torch.Tensor), k
+            np.testing.assert_array_equal(a[k].numpy(), b[k], err_msg=k)
+    finally:
+        rb.close()
+
+
+def test_torch_rows_path_gathers_like_numpy(buffer: ReplayBuffer) -> None:
+    """A source without columns on the torch backend (a backend view) is read by whole rows and gathered per key;
+    CPU tensors gather through NumPy (torch's row indexing of camera frames was 10-100x slower) with equal values."""
+    from unienv_data.batches import ToBackendOrDeviceBatch
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend
+    view = ToBackendOrDeviceBatch(buffer, PyTorchComputeBackend)
+    ds_t = WindowDataset(view, WINDOWS)
+    assert all(c is None for c in ds_t._reader.columns.values())       # the whole-rows path
+    items = np.array([5, 0, 24, 12, 4])
+    a, b = ds_t.__getitems__(items), WindowDataset(buffer, WINDOWS).__getitems__(items)
+    for k in b:
+        assert isinstance(a[k], torch.Tensor), k
+        np.testing.assert_array_equal(a[k].numpy(), b[k], err_msg=k)

@@ -114,5 +114,21 @@ class ColumnReader:
                 start += m
         return out
 
+    def read_into(self, frames: Dict[KeyPath, np.ndarray], out: Dict[KeyPath, Any]) -> None:
+        """Like `read`, but writes each field into `out[path]` (NumPy, leading axis `len(frames[path])`): a column
+        that reads into arrays (`get_at_into`: a buffer column over an array storage) is read straight into it,
+        every other field is read as by `read` and copied."""
+        rest: Dict[KeyPath, np.ndarray] = {}
+        for p, idx in frames.items():
+            fn = getattr(self.columns.get(p), "get_at_into", None)
+            if fn is not None and isinstance(out[p], np.ndarray):
+                fn(np.asarray(idx, dtype=np.int64), out[p])
+            else:
+                rest[p] = idx
+        if rest:
+            got = self.read(rest)
+            for p in rest:
+                _tree.copy_into(out[p], got[p])
+
 
 __all__ = ["KeyPath", "ColumnReader", "resolve_key", "leaf_paths", "path_name"]

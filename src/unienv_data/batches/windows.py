@@ -30,9 +30,12 @@ Normalisation. `stats` (a dataset directory or `stats.json` path, or a dict, see
 is replaced by 1, so a constant feature becomes 0 (or -1 for the ranges) instead of a division by zero.
 
 Training. `len`, `ds[i]` (one item) and `ds.__getitems__(indices)` (a whole batch, one read per key) make it a
-map-style torch Dataset; give a DataLoader ``collate_fn=WindowDataset.collate_fn``, which passes batches through
-as torch tensors (zero-copy from NumPy), so worker processes hand them over in shared memory. As a `BatchBase` it
-feeds the samplers: ``StepSampler(ds, batch_size=64, seed=0).sample()`` is a random batch of windows.
+map-style torch Dataset. The recommended loader is ``shared_memory_dataloader(ds, batch_size, num_workers=N)``
+(`unienv_data.integrations.torch_loader`, see docs/batches.md): its workers call `get_at_into`, which gathers the
+windows of array columns straight into a shared-memory batch slot (no intermediate batch, no copy in the training
+process). A plain DataLoader takes ``collate_fn=WindowDataset.collate_fn`` (batches as torch tensors, zero-copy
+from NumPy). As a `BatchBase` it feeds the samplers: ``StepSampler(ds, batch_size=64, seed=0).sample()`` is a
+random batch of windows.
 """
 from __future__ import annotations
 
@@ -231,9 +234,8 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
             raise IndexError(f"__getitems__ needs a 1-D sequence of indices, got shape {idx.shape}")
         return self.get_at(idx)
 
-    def read_items(self, items: np.ndarray) -> Dict[str, Any]:
-        """The items at positions `items` (1-D int64 in `[0, len)`), batched."""
-        items = np.asarray(items, dtype=np.int64)
+    def _frames(self, items: np.ndarray) -> Tuple[np.ndarray, Dict[KeyPath, np.ndarray], Dict[str, np.ndarray]]:
+        """`(anchors, {path: the B * T source frames to read}, {name: (B, T) pad mask})` of `items`."""
         a = self._anchors[items]
         s = self._ep_start[items][:, None]
         e = self._ep_end[items][:, None]
@@ -243,6 +245,48 @@ class WindowDataset(BatchBase[Any, Any, Any, Any, Any]):
             f = a[:, None] + k.offsets[None, :]
             pads[k.name] = (f < s) | (f >= e)
             frames[k.path] = np.clip(f, s, e - 1).reshape(-1)
+        return a, frames, pads
+
+    def get_at_into(self, idx: Any, out: Dict[str, Any]) -> None:
+        """Writes the batch of items at `idx` (a 1-D int sequence) into `out`: a dict with the keys of a batch whose
+        leaves are writable NumPy arrays of the batch's shapes and dtypes (e.g. views into a shared-memory slot,
+        as `shared_memory_dataloader`'s workers give). Windows of array columns are gathered straight into `out`
+        (no intermediate batch); normalised keys and other fields are computed as by `read_items` and copied.
+        The values equal `read_items(idx)`'s."""
+        norm = normalize_index(idx, len(self), type(self).__name__)
+        if norm.single is not None:
+            raise IndexError(f"get_at_into needs a 1-D sequence of indices, got the single index {idx!r}")
+        items = norm.positions().astype(np.int64)
+        nb = int(items.shape[0])
+        a, frames, pads = self._frames(items)
+
+        def flat(leaf: Any) -> np.ndarray:
+            # (B, T, ...) -> (B * T, ...): a view of a C-contiguous array, so the gather lands in `out`
+            if not isinstance(leaf, np.ndarray) or not leaf.flags.c_contiguous or leaf.shape[:2] != (nb, T):
+                raise ValueError(f"get_at_into: out[{k.name!r}] must hold C-contiguous NumPy arrays with leading "
+                                 f"axes ({nb}, {T}), got "
+                                 f"{tuple(leaf.shape) if isinstance(leaf, np.ndarray) else type(leaf).__name__}")
+            return leaf.reshape((nb * T,) + leaf.shape[2:])
+        dests: Dict[KeyPath, Any] = {}
+        for k in self.keys:
+            if k.mode is None:
+                T = int(k.offsets.shape[0])
+                dests[k.path] = _tree.map_leaves(out[k.name], flat)
+        self._reader.read_into({p: frames[p] for p in dests}, dests)
+        for k in self.keys:
+            if k.mode is not None:
+                v = self._reader.read({k.path: frames[k.path]})[k.path]
+                v = _tree.reshape_lead(v, (nb, int(k.offsets.shape[0])))
+                B = self.backend
+                _tree.copy_into(out[k.name], (B.astype(v, B.dtype_from_name("float32")) - k.shift) / k.scale)
+            out[k.name + PAD_SUFFIX][...] = pads[k.name]
+        out["index"][...] = a
+        out["episode_index"][...] = self._episode[items]
+
+    def read_items(self, items: np.ndarray) -> Dict[str, Any]:
+        """The items at positions `items` (1-D int64 in `[0, len)`), batched."""
+        items = np.asarray(items, dtype=np.int64)
+        a, frames, pads = self._frames(items)
         data = self._reader.read(frames)
         B, dev = self.backend, self.device
         out: Dict[str, Any] = {}

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._tree import collate_to_torch, map_leaves
-from unienv_data.samplers._mp_packing import ALIGN, align, pack, unpack
+from unienv_data.samplers._mp_packing import ALIGN, align, batch_layout, leaf_views, pack, unpack
 from unienv_data.samplers._mp_slots import close_mapping, map_slots, new_slot_path, unlink_quietly
 
 #: Slot files mapped by this process: path -> (mapping, (n_slots, slot_bytes) view, free list or None).
@@ -97,11 +97,14 @@ class _NotInSlot:
 class _SlotDataset(Dataset):  # type: ignore[type-arg]
     """The dataset as the workers see it: `__getitems__((slot, indices))` fills the slot."""
 
-    def __init__(self, batch: BatchBase, path: str, n_slots: int, slot_bytes: int) -> None:
+    def __init__(self, batch: BatchBase, path: str, n_slots: int, slot_bytes: int, item_spec: Any = None) -> None:
         self.batch = batch
         self.path = path
         self.n_slots = n_slots
         self.slot_bytes = slot_bytes
+        # the layout of a one-item batch when the batch reads straight into arrays (`get_at_into`), else None
+        self.item_spec = item_spec if callable(getattr(batch, "get_at_into", None)) else None
+        self._layouts: Dict[int, Optional[Tuple[Any, int]]] = {}     # batch size -> batch_layout(item_spec, n)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -111,8 +114,21 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
 
     def __getitems__(self, request: Any) -> Any:
         slot, idx = request if isinstance(request, tuple) else (None, request)
-        data = collate_to_torch(self.batch.get_at(np.asarray(idx, dtype=np.int64)))
-        if get_worker_info() is None:
+        idx = np.asarray(idx, dtype=np.int64)
+        in_worker = get_worker_info() is not None
+        if in_worker and slot is not None and self.item_spec is not None:
+            n = int(idx.shape[0])
+            laid = self._layouts.get(n)
+            if laid is None and n not in self._layouts:
+                laid = self._layouts[n] = batch_layout(self.item_spec, n)
+            if laid is not None and laid[1] <= self.slot_bytes:
+                # the reader gathers straight into the slot: the batch's only copy, made in the worker
+                spec = laid[0]
+                _, view, _ = _mapping(self.path, self.n_slots, self.slot_bytes)
+                self.batch.get_at_into(idx, leaf_views(spec, view[slot]))  # type: ignore[attr-defined]
+                return _InSlot(self.path, self.n_slots, self.slot_bytes, slot, spec)
+        data = collate_to_torch(self.batch.get_at(idx))
+        if not in_worker:
             if slot is not None:
                 _fallback(self.path, slot, None)
             return data
@@ -212,7 +228,7 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
         sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, None)
         return DataLoader(_SlotDataset(data, "", 0, 0), batch_sampler=sampler, collate_fn=_identity,
                           num_workers=0, **dataloader_kwargs)
-    per_item, leaves = _batch_bytes(collate_to_torch(data.get_at(np.zeros(1, dtype=np.int64))))
+    item_spec, per_item, leaves = _batch_bytes(collate_to_torch(data.get_at(np.zeros(1, dtype=np.int64))))
     slot_bytes = align(per_item * int(batch_size) + ALIGN * (leaves + 1))
     count = int(n_slots) if n_slots is not None else int(num_workers) * int(prefetch_factor) + 4
     if count < 1:
@@ -224,18 +240,18 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
     sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, free, path,
                                 bool(dataloader_kwargs.get("persistent_workers", False)))
     loader: DataLoader = DataLoader(  # type: ignore[type-arg]
-        _SlotDataset(data, path, count, slot_bytes), batch_sampler=sampler, collate_fn=_identity,
+        _SlotDataset(data, path, count, slot_bytes, item_spec), batch_sampler=sampler, collate_fn=_identity,
         num_workers=int(num_workers), prefetch_factor=prefetch_factor, **dataloader_kwargs)
     weakref.finalize(loader, _close_slots, path)
     return loader
 
 
-def _batch_bytes(batch: Any) -> Tuple[int, int]:
-    """`(bytes of the array leaves of a one-item batch, number of leaves)`."""
-    _, payload = pack(batch, None)
+def _batch_bytes(batch: Any) -> Tuple[Any, int, int]:
+    """`(description, bytes of the array leaves, number of leaves)` of a one-item batch."""
+    spec, payload = pack(batch, None)
     leaves: List[int] = []
     map_leaves(batch, lambda leaf: leaves.append(1))
-    return (0 if payload is None else len(payload)), len(leaves)
+    return spec, (0 if payload is None else len(payload)), len(leaves)
 
 
 def _identity(batch: Any) -> Any:

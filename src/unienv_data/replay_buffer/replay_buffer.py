@@ -392,7 +392,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         st = self._st()
         if not hasattr(st, "get_column"):
             return super().get_column(nested_keys)   # a read-only view that selects the field on every read
-        return ColumnView(self, st.get_column(nested_keys))  # type: ignore[attr-defined]
+        try:
+            column = st.get_column(nested_keys)  # type: ignore[attr-defined]
+        except NotImplementedError:   # a wrapper whose inner storage has no columns
+            return super().get_column(nested_keys)
+        return ColumnView(self, column)
 
     # ------------------------------------------------------------------ segments
     def _log(self) -> SegmentLog:

@@ -82,6 +82,46 @@ def pack(batch: Any, slot: Optional[np.ndarray]) -> Tuple[Any, Optional[bytearra
     return spec, payload
 
 
+def batch_layout(spec: Any, n: int) -> Optional[Tuple[Any, int]]:
+    """`(description, bytes)` of a batch of `n` items laid out like the one-item batch described by `spec` (every
+    array leaf's leading axis 1 becomes `n`, offsets packed again), or None when some leaf cannot be laid out
+    ahead (a pickled "O" leaf, raw-bytes "B" leaf, or a leaf without the leading axis 1)."""
+    cursor = [0]
+
+    def walk(sp: Any) -> Any:
+        tag = sp[0]
+        if tag == "D":
+            return ("D", tuple((k, walk(v)) for k, v in sp[1]))
+        if tag in ("U", "L"):
+            return (tag, tuple(walk(v) for v in sp[1]))
+        if tag not in ("N", "T") or len(sp[2]) == 0 or sp[2][0] != 1:
+            raise LookupError
+        _, dtype, shape, _, _ = sp
+        shape = (int(n),) + tuple(shape[1:])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        off = cursor[0]
+        cursor[0] = off + align(nbytes)
+        return (tag, dtype, shape, off, nbytes)
+    try:
+        out = walk(spec)
+    except LookupError:
+        return None
+    return out, cursor[0]
+
+
+def leaf_views(spec: Any, buf: np.ndarray) -> Any:
+    """The batch described by `spec` as writable NumPy views into `buf` (uint8), every array leaf in place: what a
+    reader fills so that `unpack(spec, buf, copy=False)` is the batch without a copy."""
+    tag = spec[0]
+    if tag == "D":
+        return {k: leaf_views(v, buf) for k, v in spec[1]}
+    if tag in ("U", "L"):
+        parts = [leaf_views(v, buf) for v in spec[1]]
+        return tuple(parts) if tag == "U" else parts
+    _, dtype, shape, off, n = spec
+    return buf[off:off + n].view(dtype).reshape(shape)
+
+
 def _leaf_bytes(buf: Optional[np.ndarray], off: int, n: int) -> np.ndarray:
     if buf is None:
         raise RuntimeError("internal invariant violated: an array leaf without a buffer")

@@ -285,6 +285,27 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
             return np.array(data[norm.slc])
         return data.take(norm.positions(), axis=0)
 
+    def get_into(self, index: Any, out: np.ndarray) -> None:
+        """Writes the rows at `index` (a 1-D int array) into `out`, a NumPy array of shape `(len(index), *row
+        shape)` in the storage dtype (raw bits for bfloat16): the read of `get` without an intermediate array, e.g.
+        straight into a shared-memory batch slot. Same index checks as `get`."""
+        if self._closed:
+            self._check_open()
+        data = self._block.data
+        idx = np.asarray(index)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise IndexError(f"{type(self).__name__}.get_into needs a 1-D integer index array, got "
+                             f"{idx.dtype} of shape {idx.shape}")
+        want = (int(idx.shape[0]),) + tuple(data.shape[1:])
+        if not isinstance(out, np.ndarray) or tuple(out.shape) != want or out.dtype != data.dtype:
+            got = (f"{out.dtype} of shape {tuple(out.shape)}" if isinstance(out, np.ndarray)
+                   else type(out).__name__)
+            raise ValueError(f"{type(self).__name__}.get_into: out must be a NumPy {data.dtype} array of shape "
+                             f"{want}, got {got}")
+        pos = self._norm(idx).positions()      # checked against the length; negatives resolved
+        # mode="clip" (a no-op on checked positions): NumPy buffers `out` under the default mode="raise"
+        np.take(data, pos, axis=0, out=out, mode="clip")
+
     def get(self, index: Any) -> Any:
         """Element(s) at `index`: one element for an int-like index, else a batch; always a copy."""
         return self._wrap(self.get_numpy(index))

@@ -244,6 +244,29 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
         self._check_open()
         return self._to_outer(self.inner_storage.get(self._index_to_inner(index)))
 
+    def get_into(self, index: Any, out: Any) -> None:
+        """Writes the rows at `index` into the NumPy array `out` (see `ArrayStorageBase.get_into`): straight from
+        the inner storage when it reads into arrays (conversions keep dtypes and values), else through `get`."""
+        self._check_open()
+        fn = getattr(self.inner_storage, "get_into", None)
+        if fn is not None:
+            fn(self._index_to_inner(index), out)
+            return
+        from unienv_data.batches._tree import copy_into
+        copy_into(out, self.get(index))
+
+    def get_column(self, nested_keys: Any) -> "ToBackendOrDeviceStorage":
+        """One column of the inner storage (its `get_column`), served on this storage's backend / device: a live
+        view that reads and converts only that field (so a column reader over a buffer opened on another backend
+        does not read whole rows). NotImplementedError when the inner storage has no `get_column`."""
+        self._check_open()
+        fn = getattr(self.inner_storage, "get_column", None)
+        if fn is None:
+            raise NotImplementedError(f"{type(self.inner_storage).__name__} (the inner storage) has no get_column")
+        inner_col = fn(nested_keys)
+        outer = _inner_space(inner_col.single_instance_space, self.backend, self.device)
+        return ToBackendOrDeviceStorage(outer, inner_col, self.inner_storage_path)
+
     # ------------------------------------------------------------------ persistence
     def _metadata(self) -> Dict[str, Any]:
         ib = self.inner_backend

@@ -430,12 +430,13 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             log.drop_overlapping(start, n)
             self._state.set_segments(log.runs())
 
-    def _forget_rows(self, start: int, n: int) -> None:
-        """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
+    def _forget_rows(self, start: int, n: int, hidden: int = 0) -> None:
+        """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to; a shared
+        buffer persists that, with its newest `hidden` rows (about to be written) left out of the count."""
         self._guard_disk_segments(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
-        persist_shared(self)            # before those rows are overwritten
+        persist_shared(self, hidden=hidden)     # before those rows are overwritten
 
     def _add_own_segment(self, start: int, n: int, *, extend: bool = False) -> None:
         """Records a segment in the buffer's own list (an extended batch only with maintain_segment_metadata)."""
@@ -458,22 +459,27 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 for s in range(0, n - cap, cap):        # rows that will be overwritten at once are checked too
                     _check_only(st, _slice_leaves(value, slice(s, min(s + cap, n - cap))))
                 tail_values = _slice_leaves(value, slice(n - cap, n))   # keeps every key: set() checks the key set
-                _checked_write(st, slice(0, cap), tail_values, lambda: self._forget_rows(0, cap))
+                _checked_write(st, slice(0, cap), tail_values,
+                               lambda: self._forget_rows(0, cap, hidden=self._state.count))
                 self._state.count, self._state.offset = cap, 0
                 self._state.total_written += n
                 self._state.version += 1
                 self._add_own_segment(0, cap, extend=True)
+                persist_shared(self)            # the commit record: the rows are written
                 return
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
             start, _ = self._advance(n)
             try:
-                _checked_write(st, ring_index(start, n, cap), value, lambda: self._forget_rows(start, n))
+                hidden = n if cap is not None and old[0] + n > cap else 0
+                _checked_write(st, ring_index(start, n, cap), value, lambda: self._forget_rows(start, n, hidden))
             except BaseException:
                 self._state.count, self._state.offset = old
                 self._state.total_written = written
                 raise
             self._add_own_segment(start, n, extend=True)
+            if hidden:
+                persist_shared(self)            # the commit record: the overwritten rows are visible again
 
     def append(self, value: Any) -> None:
         """Adds one sample to the current episode (opened at the tail on the first append).
@@ -580,8 +586,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
             start, _ = self._advance(n)
+            # rows a full ring overwrites were visible: until the commit record below they are left out of the
+            # persisted count (offset already past them), as are the segments they belong to
+            hidden = n if cap is not None and old[0] + n > cap else 0
             try:
-                persist_shared(self, drop=(start, n))   # the segments these rows belong to are gone first
+                persist_shared(self, drop=(start, n), hidden=hidden)
                 self._guard_disk_segments(start, n)
                 writer.commit(start)
             except BaseException:

@@ -30,17 +30,19 @@ from __future__ import annotations
 
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
-                                    confined_path, read_json, require_fields)
+                                    check_no_interrupted_dump, confined_path, dump_transaction, read_json,
+                                    require_fields)
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
@@ -200,6 +202,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"DictStorage directory not found: {path}")
+        check_no_interrupted_dump(path, "DictStorage")
         meta_path = os.path.join(path, METADATA_FILE)
         meta = read_json(meta_path, "DictStorage metadata")
         check_format_version(meta, meta_path)
@@ -462,7 +465,27 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             getattr(c, method)(*args)
 
     def mark_segment_end(self) -> None:
-        self._each_child("mark_segment_end")
+        """Ends the open segment in every child, then persists them at one commit point (when durable)."""
+        self._check_open()
+        if not self.has_open_segment:
+            return
+        with self._children_commit():
+            for c in self._storages:
+                c.mark_segment_end()
+        self._segment_committed()
+
+    @contextlib.contextmanager
+    def _children_commit(self) -> Iterator[None]:
+        """Holds the children's own per-commit persistence back for the block: the owner persists them together
+        afterwards (`_segment_committed`), so one commit point covers every child."""
+        kept = [c.durable for c in self._storages]
+        for c in self._storages:
+            c.durable = False
+        try:
+            yield
+        finally:
+            for c, d in zip(self._storages, kept):
+                c.durable = d
 
     def abort_segment(self) -> None:
         self._each_child("abort_segment")
@@ -551,12 +574,20 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             self._write_metadata(self._cache_filename)
 
     def dumps(self, path: PathLike) -> None:
-        """Makes `path`, dumps every child to `<path>/<child path>`, then writes the metadata (atomically)."""
+        """Makes `path`, dumps every child to `<path>/<child path>`, then writes the metadata (atomically). A dump
+        into another directory is marked while it runs (`dump_transaction`): one killed halfway refuses to load."""
         self._check_open()
-        os.makedirs(path, exist_ok=True)
-        for r, c in zip(self._routes, self._storages):
-            c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-        self._write_metadata(path)
+        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
+            os.fspath(self._cache_filename))
+        if own:         # its own directory: every child flushes in place
+            for r, c in zip(self._routes, self._storages):
+                c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
+            self._write_metadata(path)
+            return
+        with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
+            for r, c in zip(self._routes, self._storages):
+                c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
+            self._write_metadata(path)
 
     def close(self) -> None:
         """Closes the children this object created or loaded; idempotent."""

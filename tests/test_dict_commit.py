@@ -217,3 +217,103 @@ def test_video_child_keeps_its_finished_file_for_the_retry(tmp_path: Any) -> Non
     assert set(os.listdir(video_dir)) == committed_files      # the finished hidden file is gone
     assert st.get_segments() == [(0, 2)] and len(st) == 3
     st.close()
+
+
+# ---------------------------------------------------------------------------------------------------- commit log
+def _record_and_die(path: str, episodes: int, torn_tail: bool = False) -> None:
+    """In a forked process: records `episodes` append-built episodes (durable commit points), then exits at once
+    (os._exit: no close, no flush), as a SIGKILL right after the last commit point would."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            st = DictStorage.create(_space(), {"a": NumpyMemmapStorage, "z_cam": NumpyMemmapStorage},
+                                    capacity=None, cache_path=path)
+            pos = 0
+            for e in range(episodes):
+                st.mark_segment_start(pos)
+                for step in _episode(e, 3 + e):
+                    st.append(step)
+                st.mark_segment_end()
+                pos += 3 + e
+            if torn_tail:       # a record being appended when the process died
+                with open(os.path.join(path, "dict_commit.log"), "ab") as f:
+                    f.write(b'0badc0de {"t":"add","len":999')
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("torn_tail", [False, True])
+def test_commit_log_is_the_commit_point(tmp_path: Any, torn_tail: bool) -> None:
+    """Children that keep only a length and a segment list do not rewrite their metadata per commit: the one
+    commit-log record does, and a reopen after a kill (read-only and writable) sees every committed episode."""
+    import json
+    path = str(tmp_path / "ds")
+    _record_and_die(path, 3, torn_tail)
+    with open(os.path.join(path, "a.memmap.meta.json")) as f:
+        assert json.load(f)["length"] == 0             # the child's own file was not rewritten per commit
+    with open(os.path.join(path, "dict_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) == 4 + torn_tail      # base + one record per episode
+    want = [(0, 2), (3, 6), (7, 11)]
+    for read_only in (True, False):
+        st = DictStorage.load_from(path, _space(), read_only=read_only)
+        assert len(st) == 12 and st.get_segments() == want
+        for e, (s, _end) in enumerate(want):
+            _assert_rows(st, s, e, 3 + e)
+        if not read_only:       # recording goes on; close() writes every child's own file and compacts the log
+            st.mark_segment_start(12)
+            for step in _episode(3, 2):
+                st.append(step)
+            st.mark_segment_end()
+        st.close()
+    with open(os.path.join(path, "a.memmap.meta.json")) as f:
+        meta = json.load(f)
+    assert meta["length"] == 14 and meta["segments"] == [[0, 3], [3, 4], [7, 5], [12, 2]]
+    with open(os.path.join(path, "dict_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) == 1
+    st = DictStorage.load_from(path, _space())
+    assert st.get_segments() == want + [(12, 13)]
+    _assert_rows(st, 12, 3, 2)
+    st.close()
+
+
+def test_commit_log_records_dropped_segments_before_rows_are_overwritten(tmp_path: Any) -> None:
+    """A ring overwriting an old episode: the shorter segment list is in the log before any child's row changes,
+    so a kill after the rows were written (before the commit record) lists no overwritten episode."""
+    path = str(tmp_path / "ds")
+    st = DictStorage.create(_space(), {"a": NumpyMemmapStorage, "z_cam": NumpyMemmapStorage}, capacity=8,
+                            cache_path=path)
+    for e, start in ((0, 0), (1, 4)):
+        w = _writer(st, e, 4)
+        w.commit(start)
+    w = _writer(st, 2, 3)
+    w.prepare_commit(0)             # rows written in every child, nothing recorded: a kill here
+    with open(os.path.join(path, "dict_commit.log"), "rb") as f:
+        lines = f.read().splitlines()
+    assert b'"t":"segs"' in lines[-1]
+    again = DictStorage.load_from(path, _space())
+    assert again.get_segments() == [(3, 3), (4, 7)]       # episode 0 clipped to its row that was not overwritten
+    again.close()
+    w.rollback_commit()
+    st.close()
+
+
+def test_verify_reports_visible_rows_outside_every_episode(tmp_path: Any) -> None:
+    """`unienv-data verify` names the visible rows of a buffer that belong to no episode (an interrupted commit
+    leaves such rows, possibly mixing two episodes' values)."""
+    from unienv_data.cli.verify import verify
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    path = str(tmp_path / "rb")
+    rb = ReplayBuffer.create(DictStorage, _space(), cache_path=path, capacity=None, **native_layout_kwargs(_space()))
+    for step in _episode(0, 3):
+        rb.append(step)
+    rb.mark_segment_end()
+    for step in _episode(1, 2):
+        rb.append(step)
+    rb.dumps()              # the open episode's rows are saved, but it is not an episode
+    report = verify(path)
+    assert report["checked"]["rows_outside_episodes"] == 2
+    assert any("2 of 5 visible rows belong to no episode (rows 3..4)" in w for w in report["warnings"])
+    rb.abort_segment()
+    rb.close()

@@ -192,7 +192,7 @@ def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None, hidden: 
         meta[buffer._segments_key()] = [[s, inclusive_end(s, n, cap)] for s, n in log.runs()]
     if hidden:
         meta["count"] = max(int(meta["count"]) - hidden, 0)
-    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), meta)
+    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), buffer._meta_for_file(meta))
 
 
 def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List[Tuple[int, int]]],

@@ -30,8 +30,8 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, confined_path, creating_dataset,
-                                    dump_transaction)
+from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
+                                    creating_dataset, dump_transaction, encoded_json)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -116,6 +116,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
         self._durable = True
         self._space_json: Optional[Dict[str, Any]] = None
+        self._space_encoded: Optional[EncodedJSON] = None
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
@@ -639,9 +640,22 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """The metadata key holding the buffer's own segment list."""
         return "physical_segments" if self._maintain else "buffer_segments"
 
+    def _space_text(self) -> EncodedJSON:
+        """The stored space's JSON, encoded once per buffer (it never changes; see `EncodedJSON`)."""
+        text = getattr(self, "_space_encoded", None)    # buffers pickled by an older version lack it
+        if text is None:
+            if self._space_json is None:
+                self._metadata()
+            text = self._space_encoded = encoded_json(self._space_json)
+        return text
+
+    def _meta_for_file(self, meta: Dict[str, Any]) -> Dict[str, Any]:
+        """`meta` as written: the space spliced in already encoded."""
+        return dict(meta, single_instance_space=self._space_text())
+
     def _write_metadata(self, path: PathLike) -> None:
         meta = self._metadata()
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), meta)
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._meta_for_file(meta))
         if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
             self._disk_meta = meta
 
@@ -659,7 +673,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 if not runs_overlap((seg[0], run_length(seg[0], seg[1], cap)), run, cap)]
         if len(kept) != len(meta["physical_segments"]):
             meta = dict(meta, physical_segments=kept)
-            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE), meta)  # type: ignore[arg-type]
+            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
+                              self._meta_for_file(meta))
             self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:

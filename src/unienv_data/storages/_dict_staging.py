@@ -178,7 +178,7 @@ class DictSegmentWriter(SegmentWriter):
     def _publish(self, start: int) -> None:
         """Phase two: every child records the segment with per-child durability held back, then the owner's one
         commit point persists them together. A child failing to publish un-publishes the children before it."""
-        owner = self.storage
+        owner: "DictStorage" = self.storage  # type: ignore[assignment]   # a DictSegmentWriter's storage
         published: List[SegmentWriter] = []
         try:
             with owner._children_commit():

@@ -493,6 +493,9 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         """Holds the children's own per-commit persistence back for the block: the owner persists them together
         afterwards (`_segment_committed`), so one commit point covers every child."""
         kept = [c.durable for c in self._storages]
+        if not any(kept):       # nothing to hold back (a non-durable storage, a shared buffer's)
+            yield
+            return
         for c in self._storages:
             c.durable = False
         try:

@@ -479,6 +479,11 @@ def _crash_between_children(tmp_path: Any, layout: str, newer: str) -> str:
             _replace_child_files(os.path.join(before, "storage"), os.path.join(path, "storage"), rel)
     if newer == "image":
         shutil.copy2(os.path.join(before, "metadata.json"), os.path.join(path, "metadata.json"))
+    # DictStorage's commit log (children that keep only length and segments leave them to it): the crash came
+    # before episode 1's commit record
+    log = os.path.join(before, "storage", "dict_commit.log")
+    if os.path.exists(log):
+        shutil.copy2(log, os.path.join(path, "storage", "dict_commit.log"))
     return path
 
 

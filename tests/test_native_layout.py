@@ -151,7 +151,7 @@ def data_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
-            if not f.endswith(".json"):
+            if not f.endswith((".json", ".log")):      # metadata (and DictStorage's commit log) are not rows
                 total += os.path.getsize(os.path.join(root, f))
     return total
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -51,7 +50,7 @@ def fsync_dir(path: PathLike) -> None:
 
 
 class _Written(NamedTuple):
-    digest: bytes
+    data: bytes     # the bytes themselves: comparing them (memcmp) is cheaper than hashing a large file per commit
     durable: bool
     identity: Tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns) of the file we renamed in
 
@@ -69,26 +68,25 @@ def _identity(path: str) -> Optional[Tuple[int, int, int, int]]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class EncodedJSON:
-    """A JSON value encoded once: a large value that metadata repeats unchanged at every write (a buffer's space,
-    whose full-shape Box bounds are ~300 KB of JSON for one 128x128x3 image) costs its encoding only once.
-    `json_text` writes `text` verbatim; `value` is the decoded value."""
+class EncodedJSON(str):
+    """A top-level value of a metadata dict that is JSON text already (`encoded_json(value)`): `json_text` writes
+    it as it is. Metadata rewritten at every commit point keeps its large static parts (a space holding an image's
+    per-pixel bounds is hundreds of kB) encoded once instead of encoding them again each time."""
 
-    __slots__ = ("value", "text")
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.text = _COMPACT.encode(value)
+def encoded_json(value: Any) -> EncodedJSON:
+    """`value` encoded once, for `json_text` / `atomic_write_json` to splice in as it is."""
+    return EncodedJSON(_COMPACT.encode(value))
 
 
 def json_text(obj: Any) -> str:
     """`obj` as JSON text, one top-level key per line (readable with `cat`, diffable) and each value on its line in
     compact form: written by the C encoder, several times faster than ``indent=`` (Python's pure-Python path) on
-    metadata holding long segment lists."""
+    metadata holding long segment lists. Top-level `EncodedJSON` values are written as they are."""
     if isinstance(obj, dict) and obj and all(type(k) is str for k in obj):
         enc = _COMPACT.encode
-        return "{\n" + ",\n".join(f" {enc(k)}: {v.text if type(v) is EncodedJSON else enc(v)}"
-                                    for k, v in obj.items()) + "\n}"
+        return "{\n" + ",\n".join(f" {enc(k)}: {v if type(v) is EncodedJSON else enc(v)}"
+                                   for k, v in obj.items()) + "\n}"
     return json.dumps(obj, indent=1, allow_nan=True)
 
 
@@ -107,10 +105,9 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
     path = os.fspath(path)
     key = os.path.abspath(path)
     data = json_text(obj).encode("utf-8")
-    digest = hashlib.blake2b(data, digest_size=16).digest()
     with _LAST_WRITTEN_LOCK:
         last = _LAST_WRITTEN.get(key)
-    if last is not None and last.digest == digest and (last.durable or not durable) \
+    if last is not None and last.data == data and (last.durable or not durable) \
             and _identity(path) == last.identity:
         return
     directory = os.path.dirname(key)
@@ -140,7 +137,7 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
     if durable:
         fsync_dir(directory)
     with _LAST_WRITTEN_LOCK:
-        _LAST_WRITTEN[key] = _Written(digest, durable, identity)
+        _LAST_WRITTEN[key] = _Written(data, durable, identity)
 
 
 _RENAME_EXCHANGE = 2

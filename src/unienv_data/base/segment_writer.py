@@ -3,6 +3,13 @@
 State machine: open --append--> open --finish--> finished --commit--> committed; open/finished --abort--> aborted.
 Appending after finish, committing twice, committing after abort, or committing more rows than the capacity raise
 `StorageStateError` / ValueError and leave the storage untouched.
+
+A commit runs in two phases, so a composite storage (`DictStorage`) can commit several child writers all or
+nothing: `prepare_commit(start)` does the work that may fail (growing, writing the rows, finishing an encoded
+file) without recording anything; `publish_commit()` records the segment (and persists it when durable). A
+failed prepare is rolled back by the writer itself (`rollback_commit()`: the rows it added go, the writer stays
+finished and can be committed again or aborted); a composite rolls back every child it prepared, and the
+children it already published when a later one fails to publish.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ class SegmentWriter(ABC):
         self.storage = storage
         self._length = 0
         self._state = _OPEN
+        self._prepared_at: Optional[int] = None
+        self._published = False
 
     @property
     def length(self) -> int:
@@ -58,9 +67,18 @@ class SegmentWriter(ABC):
             self._state = _FINISHED
 
     def commit(self, start_index: int) -> None:
-        """Writes the segment to rows `[start, start + length)` (modulo the capacity) and records it."""
+        """Writes the segment to rows `[start, start + length)` (modulo the capacity) and records it. On an error
+        nothing is recorded and the writer stays finished: commit it again or abort it."""
+        self.prepare_commit(start_index)
+        self.publish_commit()
+
+    def prepare_commit(self, start_index: int) -> int:
+        """Phase one of a commit: checks, then writes the rows at `start_index` without recording the segment;
+        returns the normalized start. On an error the writer rolls its own work back and re-raises."""
         if self._state in (_COMMITTED, _ABORTED):
             raise StorageStateError(f"Cannot commit a segment writer that was already {self._state}")
+        if self._prepared_at is not None:
+            raise StorageStateError("this writer's commit is already prepared; publish_commit() or rollback_commit()")
         cap = self.storage.capacity
         if cap is not None and self._length > cap:
             raise ValueError(f"Cannot commit a segment of {self._length} rows into capacity {cap}: "
@@ -69,14 +87,73 @@ class SegmentWriter(ABC):
         start = self.storage._normalize_segment_start(start_index)
         self.storage._check_writable()
         self._state = _FINISHED
-        self._commit(start)
+        try:
+            self._prepare(start)
+        except BaseException:
+            self._rollback_prepare(start)
+            raise
+        self._prepared_at = start
+        return start
+
+    def publish_commit(self, *, release: bool = True) -> None:
+        """Phase two: records the prepared segment (persisting it when the storage is durable). On an error the
+        writer's own publication is undone (`_unpublish`) and its prepared rows are rolled back. With
+        `release=False` the writer keeps its rows (a composite releases them with `finish_commit()` once every
+        child has published)."""
+        start = self._prepared_at
+        if start is None:
+            raise StorageStateError("publish_commit() needs a prepared commit (prepare_commit(start) first)")
+        try:
+            self._publish(start)
+        except BaseException:
+            self.rollback_commit(published=True)
+            raise
+        self._published = True
+        if release:
+            self.finish_commit()
+
+    def finish_commit(self) -> None:
+        """Marks a published commit done and frees the kept rows."""
+        self._prepared_at = None
+        self._published = False
         self._state = _COMMITTED
         self._release_rows()
+
+    def rollback_commit(self, published: Optional[bool] = None) -> None:
+        """Undoes a prepared (and possibly published) commit: the segment is forgotten again, the rows the prepare
+        added are removed; the writer stays finished (commit again or abort). No-op without a prepared commit."""
+        start = self._prepared_at
+        if start is None:
+            return
+        published = self._published if published is None else published
+        self._prepared_at = None
+        self._published = False
+        try:
+            if published:
+                self._unpublish(start)
+        finally:
+            self._rollback_prepare(start)
+
+    def _prepare(self, start: int) -> None:
+        """Phase one hook (default: nothing; the whole commit happens in `_publish`)."""
+
+    def _publish(self, start: int) -> None:
+        """Phase two hook (default: `_commit`, for writers that commit in one step)."""
+        self._commit(start)
+
+    def _rollback_prepare(self, start: int) -> None:
+        """Undoes what `_prepare` (possibly partly) did (default: nothing)."""
+
+    def _unpublish(self, start: int) -> None:
+        """Undoes a publication: the segment just recorded at `start` is forgotten (and persisted so)."""
+        if self._length:
+            self.storage.forget_segments(start, self._length)
 
     def abort(self) -> None:
         """Drops the buffered rows; the writer can no longer be committed."""
         if self._state == _COMMITTED:
             raise StorageStateError("Cannot abort a segment writer that was already committed")
+        self.rollback_commit()
         self._state = _ABORTED
         self._release_rows()
 
@@ -113,16 +190,31 @@ class BufferedSegmentWriter(SegmentWriter):
         self._items.append(prepared)
         self._length += 1
 
-    def _commit(self, start: int) -> None:
+    def _prepare(self, start: int) -> None:
         st = self.storage
+        self._grown = 0
         if self._length:
             cap = st.capacity
             if cap is None and start + self._length > len(st):
-                st.extend_length(start + self._length - len(st))
+                self._grown = start + self._length - len(st)
+                st.extend_length(self._grown)
             st.forget_segments(start, self._length)   # persisted as gone before the rows are overwritten
             st._set_prepared(self._commit_indices(start), st._stack_prepared(self._items))
+
+    def _publish(self, start: int) -> None:
+        st = self.storage
         st._record_segment(start, self._length)
         st._segment_committed()
+
+    def _rollback_prepare(self, start: int) -> None:
+        st = self.storage
+        grown, self._grown = getattr(self, "_grown", 0), 0
+        if grown and not st.is_closed and len(st) >= start + self._length:
+            st.shrink_length(grown)            # the rows this commit added at the end go again
+
+    def _commit(self, start: int) -> None:
+        self._prepare(start)
+        self._publish(start)
 
     def _release_rows(self) -> None:
         self._items = []
@@ -152,12 +244,33 @@ class MappedSegmentWriter(SegmentWriter):
         super().finish()
         self.inner_writer.finish()
 
-    def commit(self, start_index: int) -> None:
+    def prepare_commit(self, start_index: int) -> int:
         if self._state in (_COMMITTED, _ABORTED):
             raise StorageStateError(f"Cannot commit a segment writer that was already {self._state}")
         self.storage._check_writable()   # the outer storage may be closed while its inner one lives on
-        self.inner_writer.commit(start_index)
+        start = self.inner_writer.prepare_commit(start_index)
+        self._state = _FINISHED
+        self._prepared_at = start
+        return start
+
+    def publish_commit(self, *, release: bool = True) -> None:
+        self.inner_writer.publish_commit(release=release)
+        if release:
+            self._prepared_at = None
+            self._state = _COMMITTED
+        else:
+            self._published = True
+
+    def finish_commit(self) -> None:
+        self.inner_writer.finish_commit()
+        self._prepared_at = None
+        self._published = False
         self._state = _COMMITTED
+
+    def rollback_commit(self, published: Optional[bool] = None) -> None:
+        self._prepared_at = None
+        self._published = False
+        self.inner_writer.rollback_commit(published)
 
     def _commit(self, start: int) -> None:  # pragma: no cover - commit() is overridden
         self.inner_writer.commit(start)

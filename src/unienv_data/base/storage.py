@@ -392,6 +392,20 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             if log.version != before:
                 self._segments_dropped()
 
+    #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s commit log):
+    #: called with this storage instead of rewriting its own metadata when segments are dropped
+    _drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
+
+    def _commit_log_leaf(self) -> Optional["SpaceStorage"]:
+        """The storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
+        whose only per-commit metadata is that state, and which can take it back with `_adopt_committed`. None
+        (the default): the storage persists its commits itself."""
+        return None
+
+    def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
+        """Takes the committed length and segments an owner's commit log holds (see `_commit_log_leaf`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state in an owner's commit log")
+
     def _segments_dropped(self) -> None:
         """Called after recorded segments were dropped because their rows are about to be overwritten and
         BEFORE those rows are written: file-backed storages persist the shorter list here, so a crash never

@@ -147,6 +147,9 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _persist_committed(self) -> None:
         self.inner_storage._persist_committed()   # this storage's own metadata does not change with segments
 
+    def _commit_log_leaf(self) -> Optional[SpaceStorage]:
+        return self.inner_storage._commit_log_leaf()   # length and segments live in the inner storage
+
 
 class ValueMappingStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A wrapper whose every write maps the value (`_to_inner`) and the index (`_index_to_inner`, identity by

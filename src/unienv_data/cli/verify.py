@@ -215,6 +215,13 @@ def _check_open_and_read(path: str, root: Any, read_rows: bool, backend: str, pr
         checked["opened"] = True
         checked["length"] = len(ds)
         checked["episodes"] = len(ds.episodes())
+        loose = _rows_outside_episodes(ds)
+        checked["rows_outside_episodes"] = int(loose.size)
+        if loose.size:
+            warnings.append(f"{root.metadata_rel or path}: {loose.size} of {len(ds)} visible rows belong to no "
+                            f"episode (rows {_ranges_text(loose)}): rows of a commit that did not finish, or of an "
+                            "episode still open when the buffer was saved; they may mix values of different "
+                            "episodes (e.g. one episode's state with another's camera frame)")
         if not read_rows:
             return problems, warnings, checked
         valid = _recorded_rows(ds)
@@ -276,6 +283,26 @@ def _recorded_rows(ds: Any) -> Optional[np.ndarray]:
     for s, e in eps:
         mask[ds.physical(np.arange(s, e))] = True
     return mask
+
+
+def _rows_outside_episodes(ds: Any) -> np.ndarray:
+    """Visible rows of a buffer that records episodes but lists none of them in one (empty otherwise)."""
+    eps = ds.episodes() if ds.is_buffer else []
+    if not eps:
+        return np.zeros(0, dtype=np.int64)
+    covered = np.zeros(len(ds), dtype=bool)
+    for s, e in eps:
+        covered[s:e] = True
+    return np.flatnonzero(~covered)
+
+
+def _ranges_text(rows: np.ndarray, limit: int = 3) -> str:
+    """`a..b, c..d` for the first `limit` consecutive runs of sorted `rows`."""
+    breaks = np.flatnonzero(np.diff(rows) != 1)
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [rows.size - 1]])
+    runs = [f"{int(rows[a])}..{int(rows[b])}" for a, b in zip(starts[:limit], ends[:limit])]
+    return ", ".join(runs) + (", ..." if starts.size > limit else "")
 
 
 def _child_name(root_dir: str, child: Any) -> Optional[str]:

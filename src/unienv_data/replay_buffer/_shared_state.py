@@ -165,10 +165,15 @@ class SharedState:
         self._held = threading.local()
 
 
-def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None) -> None:
+def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None, hidden: int = 0) -> None:
     """Rewrites the metadata of a disk-backed `multiprocessing=True` buffer now (called under its lock after its
     shared segment table changed, or with `drop=(start, n)` before rows `[start, start + n)` are overwritten: the
-    segments they belong to are left out); with durable commit points the storage's rows are flushed first."""
+    segments they belong to are left out); with durable commit points the storage's rows are flushed first.
+
+    `hidden`: the newest rows of the (already advanced) count that are about to be written, left out of the
+    persisted count. A commit that overwrites rows of a full ring writes them child by child (the state, then the
+    camera, ...); until its commit record (the metadata written after every child's rows) they must not be visible,
+    or a killed collector leaves rows mixing its episode's state with an old episode's camera frame."""
     if not (buffer.multiprocessing and buffer.cache_path is not None and buffer._own_segments):
         return
     st = buffer._st()
@@ -177,15 +182,17 @@ def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None) -> None:
     log = buffer._log()
     if drop is not None:
         log.drop_overlapping(*drop)
-        if not log.version:
-            return      # no listed segment holds those rows: the metadata on disk stays true
+        if not log.version and not hidden:
+            return      # no listed segment holds those rows and no visible row is overwritten: the disk stays true
     if is_durable():
         st.flush()
     meta = buffer._metadata()
     if drop is not None:
         cap = st.capacity
         meta[buffer._segments_key()] = [[s, inclusive_end(s, n, cap)] for s, n in log.runs()]
-    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), meta)
+    if hidden:
+        meta["count"] = max(int(meta["count"]) - hidden, 0)
+    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), buffer._meta_for_file(meta))
 
 
 def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List[Tuple[int, int]]],

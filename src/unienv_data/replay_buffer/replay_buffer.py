@@ -31,7 +31,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
-                                    creating_dataset, dump_transaction)
+                                    creating_dataset, dump_transaction, encoded_json)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -115,7 +115,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._seg_len = 0
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
         self._durable = True
-        self._space_json: Optional[EncodedJSON] = None     # the stored space, encoded once (see _metadata)
+        self._space_json: Optional[Dict[str, Any]] = None
+        self._space_encoded: Optional[EncodedJSON] = None
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
@@ -434,12 +435,13 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             log.drop_overlapping(start, n)
             self._state.set_segments(log.runs())
 
-    def _forget_rows(self, start: int, n: int) -> None:
-        """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to."""
+    def _forget_rows(self, start: int, n: int, hidden: int = 0) -> None:
+        """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to; a shared
+        buffer persists that, with its newest `hidden` rows (about to be written) left out of the count."""
         self._guard_disk_segments(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
-        persist_shared(self)            # before those rows are overwritten
+        persist_shared(self, hidden=hidden)     # before those rows are overwritten
 
     def _add_own_segment(self, start: int, n: int, *, extend: bool = False) -> None:
         """Records a segment in the buffer's own list (an extended batch only with maintain_segment_metadata)."""
@@ -462,22 +464,27 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 for s in range(0, n - cap, cap):        # rows that will be overwritten at once are checked too
                     _check_only(st, _slice_leaves(value, slice(s, min(s + cap, n - cap))))
                 tail_values = _slice_leaves(value, slice(n - cap, n))   # keeps every key: set() checks the key set
-                _checked_write(st, slice(0, cap), tail_values, lambda: self._forget_rows(0, cap))
+                _checked_write(st, slice(0, cap), tail_values,
+                               lambda: self._forget_rows(0, cap, hidden=self._state.count))
                 self._state.count, self._state.offset = cap, 0
                 self._state.total_written += n
                 self._state.version += 1
                 self._add_own_segment(0, cap, extend=True)
+                persist_shared(self)            # the commit record: the rows are written
                 return
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
             start, _ = self._advance(n)
             try:
-                _checked_write(st, ring_index(start, n, cap), value, lambda: self._forget_rows(start, n))
+                hidden = n if cap is not None and old[0] + n > cap else 0
+                _checked_write(st, ring_index(start, n, cap), value, lambda: self._forget_rows(start, n, hidden))
             except BaseException:
                 self._state.count, self._state.offset = old
                 self._state.total_written = written
                 raise
             self._add_own_segment(start, n, extend=True)
+            if hidden:
+                persist_shared(self)            # the commit record: the overwritten rows are visible again
 
     def append(self, value: Any) -> None:
         """Adds one sample to the current episode (opened at the tail on the first append).
@@ -584,8 +591,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
             start, _ = self._advance(n)
+            # rows a full ring overwrites were visible: until the commit record below they are left out of the
+            # persisted count (offset already past them), as are the segments they belong to
+            hidden = n if cap is not None and old[0] + n > cap else 0
             try:
-                persist_shared(self, drop=(start, n))   # the segments these rows belong to are gone first
+                persist_shared(self, drop=(start, n), hidden=hidden)
                 self._guard_disk_segments(start, n)
                 writer.commit(start)
             except BaseException:
@@ -617,8 +627,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
         segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
         if self._space_json is None:
-            self._space_json = EncodedJSON(space_to_json(self.single_space if self._stored_storage is None
-                                                         else self._stored_storage.single_instance_space))
+            self._space_json = space_to_json(self.single_space if self._stored_storage is None
+                                             else self._stored_storage.single_instance_space)
         stored = st if self._stored_storage is None else self._stored_storage
         meta = {"type": "ReplayBuffer", "format_version": FORMAT_VERSION, "count": count, "offset": offset,
                 "capacity": cap, "storage_cls": storage_type_name(type(stored)),
@@ -634,9 +644,22 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """The metadata key holding the buffer's own segment list."""
         return "physical_segments" if self._maintain else "buffer_segments"
 
+    def _space_text(self) -> EncodedJSON:
+        """The stored space's JSON, encoded once per buffer (it never changes; see `EncodedJSON`)."""
+        text = getattr(self, "_space_encoded", None)    # buffers pickled by an older version lack it
+        if text is None:
+            if self._space_json is None:
+                self._metadata()
+            text = self._space_encoded = encoded_json(self._space_json)
+        return text
+
+    def _meta_for_file(self, meta: Dict[str, Any]) -> Dict[str, Any]:
+        """`meta` as written: the space spliced in already encoded."""
+        return dict(meta, single_instance_space=self._space_text())
+
     def _write_metadata(self, path: PathLike) -> None:
         meta = self._metadata()
-        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), meta)
+        atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._meta_for_file(meta))
         if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
             self._disk_meta = meta
 
@@ -654,7 +677,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 if not runs_overlap((seg[0], run_length(seg[0], seg[1], cap)), run, cap)]
         if len(kept) != len(meta["physical_segments"]):
             meta = dict(meta, physical_segments=kept)
-            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE), meta)  # type: ignore[arg-type]
+            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
+                              self._meta_for_file(meta))
             self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:

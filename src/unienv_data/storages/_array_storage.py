@@ -16,7 +16,7 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 import os
 import uuid
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -487,7 +487,35 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
 
     def _segments_dropped(self) -> None:
         if self._block.mode == MEMMAP and not self._read_only:
+            if self._drop_listener is not None:
+                self._drop_listener(self)       # the owner's commit log records the shorter list
+                return
             self._save_own_sidecar()
+
+    def _commit_log_leaf(self) -> Optional["SpaceStorage"]:
+        return self if self._block.mode == MEMMAP and self._persistent_segments else None
+
+    def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
+        """Takes the length and segments of an owner's commit log (newer than this file's own metadata after a
+        crash): a growable storage maps the rows its file already holds up to `length` (or drops its rows past it);
+        the segments are validated against the capacity and length."""
+        cap = self._capacity
+        if cap is None and length != self._length:
+            if length > self._block.alloc_rows:
+                path = str(self._block.path)
+                rows, _extra = file_rows(path, self._block.row_bytes)
+                if rows < length:
+                    raise StorageFormatError(f"{where} commits {length} rows, but {path} holds {rows}: the file is "
+                                             "truncated")
+                self._block.release()
+                self._block = ArrayBlock.open_file(path, self._block.dtype, self._block.row_shape, length,
+                                                   writable=not self._read_only)
+            if length < self._length and not self._read_only:
+                self._block.data[length:self._length] = 0       # an uncommitted tail (the commit never happened)
+            self._length = length
+            self._meta_dirty = True
+        self._segments = SegmentLog.from_json([list(r) for r in runs], cap, self._length, where)
+        self._saved_log_version = -1
 
     def _save_own_sidecar(self) -> None:
         """Rewrites the cache file's metadata and records that it is up to date."""

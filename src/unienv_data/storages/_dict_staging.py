@@ -158,9 +158,48 @@ class DictSegmentWriter(SegmentWriter):
         for w in self.writers:
             w.finish()
 
-    def _commit(self, start: int) -> None:
+    def _prepare(self, start: int) -> None:
+        """Phase one in every child (rows written, files finished, nothing recorded); when one child fails, every
+        child prepared so far (and the failing one) is rolled back and the children again agree on their segments
+        (rows a ring commit overwrote leave their old segments in every child, not only in some)."""
+        prepared: List[SegmentWriter] = []
+        try:
+            for w in self.writers:
+                w.prepare_commit(start)
+                prepared.append(w)
+        except BaseException:
+            for w in reversed(prepared):
+                w.rollback_commit()
+            if self._length:
+                for c in self.storage._child_storages():
+                    c.forget_segments(start, self._length)
+            raise
+
+    def _publish(self, start: int) -> None:
+        """Phase two: every child records the segment with per-child durability held back, then the owner's one
+        commit point persists them together. A child failing to publish un-publishes the children before it."""
+        owner: "DictStorage" = self.storage  # type: ignore[assignment]   # a DictSegmentWriter's storage
+        published: List[SegmentWriter] = []
+        try:
+            with owner._children_commit():
+                for w in self.writers:
+                    w.publish_commit(release=False)
+                    published.append(w)
+            owner._segment_committed()
+        except BaseException:
+            for w in reversed(self.writers):
+                w.rollback_commit(published=w in published)
+            raise
         for w in self.writers:
-            w.commit(start)
+            w.finish_commit()
+
+    def _rollback_prepare(self, start: int) -> None:
+        for w in self.writers:
+            w.rollback_commit()
+
+    def _commit(self, start: int) -> None:
+        self._prepare(start)
+        self._publish(start)
 
     def abort(self) -> None:
         super().abort()

@@ -1,6 +1,7 @@
 """`VideoSegmentWriter`, the segment writer of `VideoStorage`: appended frames are encoded at once into a hidden
-temporary file of the storage directory (nothing is buffered in memory); `commit(start)` hands the file to the storage,
-which renames it into place and records it, `abort()` deletes it.
+temporary file of the storage directory (nothing is buffered in memory); `commit(start)` finishes the file (phase one,
+`prepare_commit`), then hands it to the storage, which renames it into place and records it (phase two); `abort()`
+deletes it. A rolled-back prepare keeps the finished file, so the writer can be committed again.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from unienv_data.base.errors import StorageStateError
 from unienv_data.base.segment_writer import SegmentWriter
 
-from ._video_codec import FrameEncoder
+from ._video_codec import EncodedFile, FrameEncoder, remove_quietly
 
 if TYPE_CHECKING:
     from .video_storage import VideoStorage
@@ -23,6 +24,7 @@ class VideoSegmentWriter(SegmentWriter):
         super().__init__(storage)
         self._vs = storage
         self._encoder: Optional[FrameEncoder] = None
+        self._encoded: Optional[EncodedFile] = None     # finished by a prepare, not yet placed
         self._lost = False
 
     def _append(self, value: Any) -> None:
@@ -35,11 +37,25 @@ class VideoSegmentWriter(SegmentWriter):
             self._encoder = vs._new_encoder()
         self._encoder.add(arr)
 
-    def _commit(self, start: int) -> None:
+    def _prepare(self, start: int) -> None:
+        if self._encoded is not None:           # finished by an earlier prepare that was rolled back
+            return
         if self._length and self._encoder is None:
             raise StorageStateError("this writer's frames were lost in a failed commit or when its storage was "
                                     "closed; abort it")
-        self._vs._commit_encoder(self._encoder, start, self._length, self._forget_encoder)
+        self._encoded = self._vs._finish_encoder(self._encoder, start, self._length, self._forget_encoder)
+        if self._encoded is not None:
+            self._lost = False                  # the frames live on in the finished file
+
+    def _publish(self, start: int) -> None:
+        encoded, self._encoded = self._encoded, None
+        if encoded is not None:
+            self._lost = True                   # the storage owns the file now (placed, or deleted on an error)
+            self._vs._install_encoded(encoded, start, self._length)
+
+    def _commit(self, start: int) -> None:
+        self._prepare(start)
+        self._publish(start)
 
     def _forget_encoder(self) -> None:
         """Called once the encoder's file is finished (committed or failed): it no longer belongs to the writer."""
@@ -50,6 +66,10 @@ class VideoSegmentWriter(SegmentWriter):
         self._drop()
 
     def _drop(self) -> None:
+        if self._encoded is not None:
+            remove_quietly(self._encoded.path)
+            self._encoded = None
+            self._lost = True
         if self._encoder is not None:
             self._encoder.discard()
             self._encoder = None

@@ -30,26 +30,30 @@ from __future__ import annotations
 
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
-                                    confined_path, read_json, require_fields)
+                                    check_no_interrupted_dump, confined_path, dump_transaction, read_json,
+                                    require_fields)
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
+from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import batch_utils
 from unienv_interface.space.space_utils.flatten_utils import flatten_data, flatten_space, unflatten_data
 from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
+from ._dict_commit_log import COMPACT_BYTES, LOG_FILE, CommitLog, read_log
 from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor, join_path,
                             route_space)
 from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, run_all
@@ -130,6 +134,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         for r, child in zip(routes, children):
             if not isinstance(r.space, (DictSpace, TupleSpace)):     # one leaf: errors name its key path
                 child._name_values(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
+        self._log: Optional[CommitLog] = None        # the commit log (see `_dict_commit_log`), when writing one
+        self._logged_runs: Optional[List[List[int]]] = None
         self._compile()
 
     # ------------------------------------------------------------------ compiled access plans
@@ -191,6 +197,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         st._owns_children = True
         if cache_path is not None:
             st._write_metadata(cache_path)
+            if not multiprocessing:
+                st._start_log()
         return st
 
     @classmethod
@@ -202,6 +210,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"DictStorage directory not found: {path}")
+        check_no_interrupted_dump(path, "DictStorage")
         meta_path = os.path.join(path, METADATA_FILE)
         meta = read_json(meta_path, "DictStorage metadata")
         check_format_version(meta, meta_path)
@@ -251,6 +260,12 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 children[r.key] = child_cls.load_from(
                     full, r.space, capacity=capacity, read_only=read_only, multiprocessing=multiprocessing,
                     **cls._merged_kwargs(r.key, child_cls, kwargs, type_kwargs, key_kwargs))
+            logged = read_log(os.path.join(path, LOG_FILE), stored_cap if "capacity" in meta else None)
+            if logged is not None:          # newer than the log children's own files after a crash: it wins
+                for key, c in children.items():
+                    leaf = c._commit_log_leaf()
+                    if leaf is not None:
+                        leaf._adopt_committed(logged[0], logged[1], f"{os.path.join(path, LOG_FILE)} (child {key!r})")
             committed = _committed_children_length(children)
             if committed is not None and all(c.is_mutable for c in children.values()):
                 for c in children.values():     # a writable open trims the uncommitted tail
@@ -266,6 +281,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             raise
         st._owns_children = True
         st._reconcile_segments()
+        if st.is_mutable and not multiprocessing:
+            st._start_log()
         return st
 
     def _reconcile_segments(self) -> None:
@@ -464,7 +481,30 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             getattr(c, method)(*args)
 
     def mark_segment_end(self) -> None:
-        self._each_child("mark_segment_end")
+        """Ends the open segment in every child, then persists them at one commit point (when durable)."""
+        self._check_open()
+        if not self.has_open_segment:
+            return
+        with self._children_commit():
+            for c in self._storages:
+                c.mark_segment_end()
+        self._segment_committed()
+
+    @contextlib.contextmanager
+    def _children_commit(self) -> Iterator[None]:
+        """Holds the children's own per-commit persistence back for the block: the owner persists them together
+        afterwards (`_segment_committed`), so one commit point covers every child."""
+        kept = [c.durable for c in self._storages]
+        if not any(kept):       # nothing to hold back (a non-durable storage, a shared buffer's)
+            yield
+            return
+        for c in self._storages:
+            c.durable = False
+        try:
+            yield
+        finally:
+            for c, d in zip(self._storages, kept):
+                c.durable = d
 
     def abort_segment(self) -> None:
         self._each_child("abort_segment")
@@ -502,6 +542,81 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def _persist_committed(self) -> None:
         for c in self._storages:          # the children hold the rows and the segments; this metadata is static
             c._persist_committed()
+        self._compact_log()
+
+    def _segment_committed(self) -> None:
+        """The commit point of a segment recorded in every child: children that persist themselves do so, then
+        (with a commit log) one record covers the others; it is written after every child's rows, so it is the
+        commit. Without a log every child persists itself."""
+        if not self._durable:
+            return
+        if self._log is None:
+            self._persist_committed()
+            return
+        for c in self._storages:
+            if c._commit_log_leaf() is None:
+                c._persist_committed()
+        self._log_commit()
+
+    # ------------------------------------------------------------------ commit log (see _dict_commit_log)
+    def _log_leaves(self) -> List[SpaceStorage]:
+        return [leaf for leaf in (c._commit_log_leaf() for c in self._storages) if leaf is not None]
+
+    def _start_log(self) -> None:
+        """Starts the commit log of a writable storage in its own directory (when a child can use it): the base
+        record is the current state, and the children's dropped segments are recorded in it from now on."""
+        leaves = self._log_leaves()
+        if self._cache_filename is None or not leaves or not self.is_mutable:
+            return
+        self._log = CommitLog(os.path.join(os.fspath(self._cache_filename), LOG_FILE))
+        for leaf in leaves:
+            leaf._drop_listener = self._log_drop
+        self._compact_log()
+
+    def _leaf_state(self) -> Tuple[int, List[List[int]]]:
+        leaf = self._log_leaves()[0]
+        seg_log = leaf._segment_log()
+        return len(leaf), (seg_log.to_json() if seg_log is not None else [])
+
+    def _log_drop(self, child: SpaceStorage) -> None:
+        """A child dropped segments (their rows are about to be overwritten): the first child to do so records the
+        shorter list, before any child overwrites a row."""
+        log = self._log
+        seg_log = child._segment_log()
+        if log is None or seg_log is None:
+            return
+        runs = seg_log.to_json()
+        if runs != self._logged_runs:
+            log.append({"t": "segs", "len": len(child), "runs": runs})
+            self._logged_runs = runs
+
+    def _log_commit(self) -> None:
+        log = self._log
+        if log is None:
+            return
+        length, runs = self._leaf_state()
+        before = self._logged_runs
+        if runs == before:
+            log.append({"t": "len", "len": length})
+        else:
+            replay = SegmentLog(self.capacity, [(r[0], r[1]) for r in before or []])
+            if runs:
+                replay.add(*runs[-1])
+            if before is not None and runs and replay.to_json() == runs:
+                log.append({"t": "add", "len": length, "run": runs[-1]})
+            else:
+                log.append({"t": "segs", "len": length, "runs": runs})
+        self._logged_runs = runs
+        if log.size > COMPACT_BYTES:
+            log.compact(length, [(a, b) for a, b in runs])
+
+    def _compact_log(self) -> None:
+        """Replaces the log with the current state (after the children wrote their own files)."""
+        if self._log is None or self._closed:
+            return
+        length, runs = self._leaf_state()
+        self._log.compact(length, [(a, b) for a, b in runs])
+        self._logged_runs = runs
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer holding one writer per child; `commit(start)` commits every child at `start`."""
@@ -551,22 +666,46 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 flush()
         if self._cache_filename is not None and self.is_mutable:
             self._write_metadata(self._cache_filename)
+            self._compact_log()
 
     def dumps(self, path: PathLike) -> None:
-        """Makes `path`, dumps every child to `<path>/<child path>`, then writes the metadata (atomically)."""
+        """Makes `path`, dumps every child to `<path>/<child path>`, then writes the metadata (atomically). A dump
+        into another directory is marked while it runs (`dump_transaction`): one killed halfway refuses to load."""
         self._check_open()
-        os.makedirs(path, exist_ok=True)
-        for r, c in zip(self._routes, self._storages):
-            c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-        self._write_metadata(path)
+        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
+            os.fspath(self._cache_filename))
+        if own:         # its own directory: every child flushes in place
+            for r, c in zip(self._routes, self._storages):
+                c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
+            self._write_metadata(path)
+            self._compact_log()
+            return
+        with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
+            try:        # a log left by an earlier storage in that directory must not describe the dumped children
+                os.unlink(os.path.join(os.fspath(path), LOG_FILE))
+            except FileNotFoundError:
+                pass
+            for r, c in zip(self._routes, self._storages):
+                c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
+            self._write_metadata(path)
 
     def close(self) -> None:
         """Closes the children this object created or loaded; idempotent."""
         if self._closed:
             return
+        log, self._log = self._log, None
+        state = self._leaf_state() if log is not None and not any(c.is_closed for c in self._storages) else None
+        for leaf in self._log_leaves() if log is not None else []:
+            leaf._drop_listener = None
         self._closed = True
-        if self._owns_children:
-            _close_all(self._storages)
+        try:
+            if self._owns_children:
+                _close_all(self._storages)      # each child writes its own metadata file
+        finally:
+            if log is not None:
+                log.close()
+        if log is not None and state is not None and self._owns_children:
+            log.compact(state[0], [(a, b) for a, b in state[1]])   # the children's files describe them again
 
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()

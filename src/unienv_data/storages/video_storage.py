@@ -365,24 +365,36 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Places a writer's or an append-built segment's file at `start` and records the segment. A refused commit
         (rows of the open append-built segment) leaves the encoder untouched; once the file is finished it belongs
         to this call (`on_finished()` tells the owner)."""
+        encoded = self._finish_encoder(enc, start, length, on_finished)
+        if encoded is not None:
+            self._install_encoded(encoded, start, length)
+
+    def _finish_encoder(self, enc: Optional[FrameEncoder], start: int, length: int,
+                        on_finished: Optional[Any] = None) -> Optional[EncodedFile]:
+        """Phase one of a commit: finishes the encoder's hidden temporary file for rows `[start, start + length)`
+        (nothing is placed or recorded); None for an empty segment."""
         if length == 0 or enc is None:
             if enc is not None:
                 enc.discard()
             if on_finished is not None:
                 on_finished()
-            return
+            return None
         rows = ring_positions(start, length, self._capacity)
         self._refuse_open_rows(rows, "commit over")
         if on_finished is not None:
             on_finished()
         try:
-            encoded = enc.finish()
+            return enc.finish()
         except BaseException:
             enc.discard()
             raise
+
+    def _install_encoded(self, encoded: EncodedFile, start: int, length: int) -> None:
+        """Phase two: renames a finished file into place for its rows and records the segment (all or nothing;
+        on an error the file is deleted)."""
         if self._capacity is None and start + length > self._length:
             self._grow_to(start + length)
-        self._install([(encoded, rows)], record=(start, length))
+        self._install([(encoded, ring_positions(start, length, self._capacity))], record=(start, length))
 
     def _has_persistent_segments(self) -> bool:
         # each commit rewrites the metadata with the segment list (reference-written directories: read-only)

@@ -239,8 +239,8 @@ def test_wrapped_ring_reads_surviving_episodes_oldest_first(tmp_path: Any) -> No
     # no segment, as rows written by extend are, to read them as the unsegmented rows below
     rb.storage.forget_segments(int(rb.index_with_offset(0)), cap - sum(lengths[3:]))
     rb.dumps()
-    first = rb.get_segments()[0][0]            # rows of the overwritten episode's tail come first, in no episode
-    physical = [int(rb.index_with_offset(s)) for s, _ in rb.get_segments()]
+    first = rb.episode_segments()[0][0]            # rows of the overwritten episode's tail come first, in no episode
+    physical = [int(rb.index_with_offset(s)) for s, _ in rb.episode_segments()]
     assert any(p + n > cap for p, n in zip(physical, [lengths[i] for i in survivors])), "no episode wraps the ring"
     rb.close()
 

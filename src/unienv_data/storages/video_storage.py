@@ -82,6 +82,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     * Pickling gives a read-only copy of the committed state (for reader processes).
     """
 
+    _lists_segments = True      # unienv 0.0.1b16 lists a video storage's segments in get_segments()
+
     def __init__(self, single_instance_space: Space, directory: str, plan: CodecPlan, fps: Any,
                  capacity: Optional[int], length: int, index: RunFileIndex, segments: SegmentLog, *,
                  read_only: bool = False, selection: Optional[Dict[str, Any]] = None, format_version: int = FORMAT_VERSION,

@@ -193,3 +193,32 @@ def test_a_storage_that_cannot_follow_growth_says_so(tmp_path: Any) -> None:
     with pytest.raises(StorageStateError, match="another process"):
         st._follow_length(4, True)
     st.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_appends_are_readable_at_once_until_the_buffer_goes_to_another_process(tmp_path: Any, method: str) -> None:
+    """As in unienv 0.0.1b16, an append to a shared buffer is readable at once while no other process has it. An
+    episode open when the buffer is handed to a process moves into a private writer (the count steps back over its
+    rows) and is written whole, still contiguous, when it ends; no row is lost."""
+    rb = ReplayBuffer.create(NPZStorage, VEC, cache_path=str(tmp_path / "rb"), capacity=None, compressed=False,
+                             multiprocessing=True)
+    rb.append(np.array([0, 0], np.float32))
+    rb.append(np.array([1, 0], np.float32))
+    assert len(rb) == 2 and rb.get_at(1).tolist() == [1.0, 0.0] and rb.open_segment_length == 2
+    with pytest.raises(RuntimeError, match="mark_segment_end"):
+        rb.dumps()
+    p = mp.get_context(method).Process(target=_writer, args=(rb, 1))
+    p.start()                               # the buffer goes to the child: the open episode turns private
+    p.join(60)
+    assert p.exitcode == 0
+    rb.append(np.array([2, 0], np.float32))
+    assert rb.pending_segment_length == 3   # kept by this process until it ends
+    rb.mark_segment_end()
+    assert len(rb) == 3 + 12
+    rows = rb.get_at(slice(None))
+    segs = rb.episode_segments()
+    assert segs is not None and len(segs) == 4
+    mine = [(s, e) for s, e in segs if rows[s, 1] == 0]
+    assert len(mine) == 1 and rows[mine[0][0]:mine[0][1], 0].tolist() == [0.0, 1.0, 2.0]
+    rb.dumps()
+    rb.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
@@ -61,6 +62,32 @@ _FIELD_MASK = (1 << 64) - 1
 #: episodes a shared (`multiprocessing=True`) growable buffer can record (a shared-memory table of 16 bytes each;
 #: reopening the directory makes room for twice as many as it holds)
 GROWABLE_SHARED_SEGMENTS = 65536
+
+
+#: shared buffers of this process that were not handed to another process yet (see `ReplayBuffer._hand_off`)
+_NOT_HANDED_OFF: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+#: every shared buffer of this process (a forked child must not inherit its parent's open episode)
+_SHARED: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    """`os.fork()` (a `multiprocessing` fork start) hands every shared buffer of this process to the child."""
+    for rb in list(_NOT_HANDED_OFF):
+        try:
+            rb._hand_off()
+        except Exception:  # noqa: BLE001 - a fork hook cannot raise; _hand_off marks the buffer handed off first
+            pass
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork starts with no open episode: the parent's stays the parent's."""
+    for rb in list(_SHARED):
+        rb._writer = None
+        rb._seg_open = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
@@ -122,6 +149,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self._state = LocalState(count, offset, segs)
         self._owns_storage = False
         self._writer: Optional[SegmentWriter] = None      # multiprocessing: this process's open episode
+        #: multiprocessing: the buffer went to another process (pickled or forked); until then appends are written
+        #: at once, as in a single process
+        self._handed_off = False
         self._seg_open = False                            # single process: an append-built segment is open
         self._seg_start = 0
         self._seg_len = 0
@@ -132,6 +162,33 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
             storage.durable = False     # commits persist the shared metadata instead (see `persist_shared`)
+            _NOT_HANDED_OFF.add(self)
+            _SHARED.add(self)
+
+    def _hand_off(self) -> None:
+        """A shared buffer goes to another process: from now on each process keeps its open episode privately and
+        writes it whole when it ends (so episodes stay contiguous). An episode this process was appending in place
+        is still at the tail (no other process had the buffer): its rows move into a private writer (the count
+        steps back over them; no row is lost), and the episode goes on there."""
+        if self._handed_off:
+            return
+        self._handed_off = True
+        _NOT_HANDED_OFF.discard(self)
+        if not self._seg_open or self.storage is None:
+            return
+        st = self._st()
+        cap = st.capacity
+        with self._state.locked():
+            writer = st.open_segment_writer()
+            for i in range(self._seg_len):
+                row = self._seg_start + i
+                writer.append(st.get(row if cap is None else row % cap))
+            st.abort_segment()
+            self._state.count -= self._seg_len
+            self._state.total_written -= self._seg_len
+            self._state.version += 1
+            self._seg_open = False
+            self._writer = writer
 
     @staticmethod
     def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
@@ -516,7 +573,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         by this process and written as a whole by `mark_segment_end()`."""
         st = self._st()
         cap = st.capacity
-        if self.multiprocessing:
+        if self.multiprocessing and (self._handed_off or self._writer is not None):
             if self._writer is not None and cap is not None and len(self._writer) >= cap:
                 # an episode as long as the ring: written now (it could not be committed once longer), and the
                 # appends go on in a new one, as the reference closes its storage's segment at the capacity
@@ -561,7 +618,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def mark_segment_end(self) -> None:
         """Ends the current episode and records it (writes it, for a multiprocessing buffer)."""
         st = self._st()
-        if self.multiprocessing:
+        if self.multiprocessing and not self._seg_open:
             w, self._writer = self._writer, None
             if w is not None and len(w):
                 self._commit(w)
@@ -750,6 +807,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __getstate__(self) -> Dict[str, Any]:
         if not self.multiprocessing:
             return dict(self.__dict__)
+        self._hand_off()
         state = dict(self.__dict__)
         state["_writer"] = None
         state["_owns_storage"] = False
@@ -757,8 +815,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self.multiprocessing and self.storage is not None:
-            self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
+        if self.multiprocessing:
+            _SHARED.add(self)
+            if self.storage is not None:
+                self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
 
     # ------------------------------------------------------------------ durability and `with`
     @property

@@ -120,7 +120,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             raise ValueError(f"multiprocessing=True over a writable growable {type(storage).__name__} is not "
                              "supported: its rows are mapped per process, so a process could not see rows another "
                              "one added; give it a fixed capacity, open it with read_only=True, or use a storage "
-                             "that follows shared growth (NPZStorage, ImageStorage)")
+                             "that follows shared growth (NPZStorage)")
         super().__init__(storage.single_instance_space)
         self.storage: Optional[SpaceStorage] = storage
         self.storage_path_relative = storage_path_relative

@@ -20,9 +20,13 @@ that appends forever and never marks episodes just rings.
 
 Multiprocessing (`multiprocessing=True`): count, offset and the segment table live in shared memory under one
 inter-process lock, and travel with the buffer when it is passed to a `multiprocessing.Process` (fork or spawn).
-Each process appends into its own private episode buffer; `mark_segment_end()` (or `commit_segment(writer)`)
-reserves the rows at the tail and writes the whole episode under the lock, so concurrent writers never lose rows
-and every episode stays contiguous. Readers see a row once the commit that wrote it has returned.
+Until the buffer goes to another process (pickled, or inherited by `os.fork()`), `append` writes each row at once,
+as in a single process and in the reference. From then on each process appends into its own private episode
+buffer; `mark_segment_end()` (or `commit_segment(writer)`) reserves the rows at the tail and writes the whole
+episode under the lock, so concurrent writers never lose rows and every episode stays contiguous (an episode open
+at the hand-off moves into the private buffer, see `_hand_off`). Readers see a row once the commit that wrote it
+has returned. A growable shared buffer needs a storage that follows growth made by another process (NPZStorage):
+each process adopts the shared count as the storage's length under the lock before it reads, writes or saves.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def _writer(rb: Any, seed: int, w: int, cc: Any) -> None:
                 rb.append(cc.step_value("flat", data, t))
             with rb._state.locked():
                 rb.mark_segment_end()
-                s, ln = rb._state.episode_segments()[-1]
+                s, ln = rb._state.get_segments()[-1]
                 out(f"COMMITTED {eid} {s} {ln} {chk}")
         else:
             wr = rb.open_segment_writer()
@@ -56,7 +56,7 @@ def _writer(rb: Any, seed: int, w: int, cc: Any) -> None:
                 wr.append(cc.step_value("flat", data, t))
             with rb._state.locked():
                 rb.commit_segment(wr)
-                s, ln = rb._state.episode_segments()[-1]
+                s, ln = rb._state.get_segments()[-1]
                 out(f"COMMITTED {eid} {s} {ln} {chk}")
         j += 1
 

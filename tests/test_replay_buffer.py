@@ -906,7 +906,7 @@ def _assert_rejected(d: str, **kwargs: Any) -> BaseException:
         rb.episode_segments()
     finally:
         rb.close()
-    pytest.fail(f"damaged metadata loaded without an error (len {n}, segments {rb._state.episode_segments()})")
+    pytest.fail(f"damaged metadata loaded without an error (len {n}, segments {rb._state.get_segments()})")
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_META))

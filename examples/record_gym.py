@@ -73,12 +73,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     buffer = record(args.env, args.out, args.episodes, args.max_steps, args.seed)
-    lengths = [e - s for s, e in buffer.get_segments() or []]
+    lengths = [e - s for s, e in buffer.episode_segments() or []]
     print(f"recorded {len(lengths)} episodes ({len(buffer)} steps, lengths {min(lengths)}..{max(lengths)}) from "
           f"{args.env} into {args.out}")
     buffer.close()
     reopened = ReplayBuffer.load_from(args.out, backend=B)
-    print(f"reopened from disk: {len(reopened)} steps in {len(reopened.get_segments() or [])} episodes; keys "
+    print(f"reopened from disk: {len(reopened)} steps in {len(reopened.episode_segments() or [])} episodes; keys "
           f"{sorted(reopened.single_space.spaces)}")
     reopened.close()
     print(f"look inside: unienv-data info {args.out}")

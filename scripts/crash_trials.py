@@ -223,7 +223,7 @@ def verify(config: str, seed: int, path: str, res: Dict[str, Any]) -> List[str]:
         return problems + [f"load_from raised {type(exc).__name__}: {exc}"[:600]]
     try:
         n_rows = len(rb)
-        segs = rb.get_segments() or []
+        segs = rb.episode_segments() or []
         rows = {k: np.asarray(v) for k, v in rb[0:n_rows].items()} if n_rows else {}
     finally:
         rb.close()

@@ -492,7 +492,7 @@ def _load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[i
         from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
         st = NumpyMemmapStorage.load_from(os.path.join(main, NUMPY_FILE), numpy_space())
         cap = st.capacity
-        runs = [(s, (e - s) % cap + 1) for s, e in st.get_segments()]
+        runs = [(s, (e - s) % cap + 1) for s, e in st.episode_segments()]
 
         def read_numpy(s: int, n: int) -> Dict[str, np.ndarray]:
             return {"rows": np.asarray(st.get((np.arange(n) + s) % cap))}
@@ -501,7 +501,7 @@ def _load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[i
         from unienv_data.storages.flattened import FlattenedStorage
         st = FlattenedStorage.load_from(main, torch_space())
         cap = st.capacity
-        runs = [(s, (e - s) % cap + 1) for s, e in st.get_segments()]
+        runs = [(s, (e - s) % cap + 1) for s, e in st.episode_segments()]
 
         def read_flat(s: int, n: int) -> Dict[str, np.ndarray]:
             import torch
@@ -511,7 +511,7 @@ def _load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[i
     from unienv_data.replay_buffer import ReplayBuffer
     from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
     rb = ReplayBuffer.load_from(main, backend=TB, is_memmap=True)
-    logical = rb.get_segments() or []
+    logical = rb.episode_segments() or []
     runs = []
     starts = {}
     for a, b in logical:

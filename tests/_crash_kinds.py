@@ -165,7 +165,7 @@ def load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[in
         rb = ReplayBuffer.load_from(main, backend=NB)
         runs: List[Tuple[int, int]] = []
         starts: Dict[Tuple[int, int], int] = {}
-        for a, b in rb.get_segments() or []:
+        for a, b in rb.episode_segments() or []:
             phys = int(rb.index_with_offset(a))
             runs.append((phys, b - a))
             starts[(phys, b - a)] = a
@@ -184,7 +184,7 @@ def load(kind: str, main: str) -> Tuple[Any, List[Tuple[int, int]], Callable[[in
         from unienv_data.storages.video_storage import VideoStorage
         st = VideoStorage.load_from(main, space)
     cap = st.capacity
-    runs = [(s, _span(cap, s, e)) for s, e in st.get_segments() or []]
+    runs = [(s, _span(cap, s, e)) for s, e in st.episode_segments() or []]
 
     def read(s: int, n: int) -> Dict[str, np.ndarray]:
         idx = (np.arange(n) + s) % cap if cap else np.arange(n) + s

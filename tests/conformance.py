@@ -443,7 +443,7 @@ class StorageConformance:
             self.assert_equal(st.get(i), v)
 
     def snapshot(self, st: Any) -> Any:
-        return (st.get(Ellipsis) if len(st) else None, st.get_segments())
+        return (st.get(Ellipsis) if len(st) else None, st.episode_segments())
 
     def assert_unchanged(self, st: Any, snap: Any) -> None:
         data, segs = snap
@@ -451,7 +451,7 @@ class StorageConformance:
             self.assert_equal(st.get(Ellipsis), data)
         else:
             assert len(st) == 0
-        assert st.get_segments() == segs
+        assert st.episode_segments() == segs
 
     def require_growable(self) -> None:
         if not self.supports_growable:
@@ -463,7 +463,7 @@ class StorageConformance:
         assert st.capacity == self.capacity
         assert len(st) == self.capacity
         assert st.is_mutable
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
         assert not st.has_open_segment
         assert st.pending_segment_length == 0
 
@@ -621,7 +621,7 @@ class StorageConformance:
         st.mark_segment_end()
         assert not st.has_open_segment
         assert st.pending_segment_length == 0
-        assert st.get_segments() == [(1, 3)]
+        assert st.episode_segments() == [(1, 3)]
         for k, v in enumerate(vals):
             self.assert_equal(st.get(1 + k), v)
 
@@ -633,7 +633,7 @@ class StorageConformance:
         for v in vals:
             st.append(v)
         st.mark_segment_end()
-        segs = st.get_segments()
+        segs = st.episode_segments()
         assert segs == [(c - 2, 1)]
         start, end = segs[0]
         assert end < start
@@ -652,7 +652,7 @@ class StorageConformance:
         st.mark_segment_start(c + 1)
         st.append(b)
         st.mark_segment_end()
-        assert st.get_segments() == [(1, 1), (c - 1, c - 1)]   # position order
+        assert st.episode_segments() == [(1, 1), (c - 1, c - 1)]   # position order
         self.assert_equal(st.get(c - 1), a)
         self.assert_equal(st.get(1), b)
 
@@ -666,23 +666,23 @@ class StorageConformance:
             for v in self.values(2):
                 st.append(v)
             st.mark_segment_end()
-        assert st.get_segments() == [(0, 1), (2, 3)]
+        assert st.episode_segments() == [(0, 1), (2, 3)]
         st.mark_segment_start(3)
         for v in self.values(2):
             st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 1), (2, 2), (3, 4)]
+        assert st.episode_segments() == [(0, 1), (2, 2), (3, 4)]
         st.mark_segment_start(c - 1)
         for v in self.values(2):
             st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(1, 1), (2, 2), (3, 4), (c - 1, 0)]
+        assert st.episode_segments() == [(1, 1), (2, 2), (3, 4), (c - 1, 0)]
 
     def test_empty_segment_is_not_recorded(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
         st.mark_segment_start(2)
         st.mark_segment_end()
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
         assert not st.has_open_segment
 
     def test_mark_segment_start_twice_raises(self, tmp_path: Any) -> None:
@@ -692,13 +692,13 @@ class StorageConformance:
         expect_error(STATE_ERRORS, st.mark_segment_start, 3)
         assert st.has_open_segment and st.pending_segment_length == 1
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 0)]
+        assert st.episode_segments() == [(0, 0)]
 
     def test_mark_segment_end_without_open_segment_is_a_no_op(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
         st.mark_segment_end()
         st.abort_segment()
-        assert st.get_segments() == [] and not st.has_open_segment
+        assert st.episode_segments() == [] and not st.has_open_segment
 
     def test_append_without_open_segment_raises(self, tmp_path: Any) -> None:
         st, _vals = self.filled(tmp_path)
@@ -725,7 +725,7 @@ class StorageConformance:
         for k in range(c):
             self.assert_equal(st.get((2 + k) % c), vals[k])
         st.mark_segment_end()
-        assert st.get_segments() == [(2, 1)]
+        assert st.episode_segments() == [(2, 1)]
 
     def test_abort_segment(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
@@ -738,12 +738,12 @@ class StorageConformance:
         st.abort_segment()
         assert not st.has_open_segment
         assert st.pending_segment_length == 0
-        assert st.get_segments() == [(0, 1)]
+        assert st.episode_segments() == [(0, 1)]
         expect_error(STATE_ERRORS, st.append, self.values(1)[0])
         st.mark_segment_start(4)
         st.append(self.values(1)[0])
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 1), (4, 4)]
+        assert st.episode_segments() == [(0, 1), (4, 4)]
 
     # ================================================================== segment writers
     def test_writers_commit_in_any_order_including_wraps(self, tmp_path: Any) -> None:
@@ -765,7 +765,7 @@ class StorageConformance:
             for k, v in enumerate(contents[id(w)]):
                 model[(start + k) % c] = v
         self.assert_rows(st, model)
-        assert st.get_segments() == [(1, 2), (3, 4), (c - 1, 0)]   # position order
+        assert st.episode_segments() == [(1, 2), (3, 4), (c - 1, 0)]   # position order
 
     def test_writer_commit_overlapping_clips_older_segment(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
@@ -777,9 +777,9 @@ class StorageConformance:
         for v in b:
             w2.append(v)
         w1.commit(0)
-        assert st.get_segments() == [(0, 2)]
+        assert st.episode_segments() == [(0, 2)]
         w2.commit(2)
-        assert st.get_segments() == [(0, 1), (2, 3)]
+        assert st.episode_segments() == [(0, 1), (2, 3)]
         self.assert_equal(st.get(0), a[0])
         self.assert_equal(st.get(1), a[1])
         self.assert_equal(st.get(2), b[0])
@@ -798,7 +798,7 @@ class StorageConformance:
         expect_error(STATE_ERRORS, w.append, self.values(1)[0])
         assert len(w) == 2
         w.commit(4)
-        assert st.get_segments() == [(4, 5 % self.capacity)]
+        assert st.episode_segments() == [(4, 5 % self.capacity)]
         self.assert_equal(st.get(4), vals[0])
         self.assert_equal(st.get(5 % self.capacity), vals[1])
 
@@ -868,7 +868,7 @@ class StorageConformance:
             st.append(v)
         st.mark_segment_end()
         w.commit(3)
-        assert st.get_segments() == [(0, 1), (3, 4)]
+        assert st.episode_segments() == [(0, 1), (3, 4)]
         self.assert_equal(st.get(slice(0, 2)), stack_tree(av))
         self.assert_equal(st.get(slice(3, 5)), stack_tree(wv))
 
@@ -891,7 +891,7 @@ class StorageConformance:
         st.clear()
         assert not st.has_open_segment
         assert st.pending_segment_length == 0
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
         assert len(st) == self.capacity
         for i in range(len(st)):
             self.assert_equal(st.get(i), zero)
@@ -899,7 +899,7 @@ class StorageConformance:
         st.mark_segment_start(1)
         st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(1, 1)]
+        assert st.episode_segments() == [(1, 1)]
         self.assert_equal(st.get(1), v)
 
     # ================================================================== persistence
@@ -916,16 +916,16 @@ class StorageConformance:
             w.append(v)
         w.commit(c - 1)
         model = [st.get(i) for i in range(c)]
-        assert st.get_segments() == [(1, 2), (c - 1, 0)]
+        assert st.episode_segments() == [(1, 2), (c - 1, 0)]
         return st, model
 
     def test_dumps_and_load_round_trip(self, tmp_path: Any) -> None:
         st, model = self._storage_with_segments(tmp_path)
-        segs = st.get_segments()
+        segs = st.episode_segments()
         back = self.reopened(st, tmp_path, read_only=False)
         assert back.capacity == self.capacity
         assert len(back) == self.capacity
-        assert back.get_segments() == segs
+        assert back.episode_segments() == segs
         self.assert_rows(back, model)
         self.assert_equal(back.get(Ellipsis), stack_tree(model))
         v = self.values(1)[0]
@@ -937,7 +937,7 @@ class StorageConformance:
         st, model = self._storage_with_segments(tmp_path)
         back = self.reopened(st, tmp_path, read_only=True)
         assert not back.is_mutable
-        assert back.get_segments() == st.get_segments()
+        assert back.episode_segments() == st.episode_segments()
         self.assert_rows(back, model)
 
     def test_dumps_twice_to_the_same_path(self, tmp_path: Any) -> None:
@@ -961,7 +961,7 @@ class StorageConformance:
         st.dumps(own)
         back = self.load(own, True)
         self._opened.append(back)
-        assert back.get_segments() == st.get_segments()
+        assert back.episode_segments() == st.episode_segments()
         self.assert_rows(back, model)
 
     def test_read_only_refuses_writes(self, tmp_path: Any) -> None:
@@ -985,7 +985,7 @@ class StorageConformance:
         again = self.load(path, True)  # and nothing reached the files
         self._opened.append(again)
         self.assert_rows(again, model)
-        assert again.get_segments() == st.get_segments()
+        assert again.episode_segments() == st.episode_segments()
 
     def test_read_only_refuses_set_flattened(self, tmp_path: Any) -> None:
         st, model = self._storage_with_segments(tmp_path)
@@ -1007,7 +1007,7 @@ class StorageConformance:
         st.close()  # idempotent
         checks = [("get", lambda: st.get(0)), ("get batch", lambda: st.get(slice(0, 2))),
                   ("set", lambda: st.set(0, v)), ("mark_segment_start", lambda: st.mark_segment_start(0)),
-                  ("append", lambda: st.append(v)), ("get_segments", lambda: st.get_segments()),
+                  ("append", lambda: st.append(v)), ("episode_segments", lambda: st.episode_segments()),
                   ("open_segment_writer", lambda: st.open_segment_writer()), ("writer commit", lambda: w.commit(0)),
                   ("dumps", lambda: st.dumps(self.dump_path(self.new_dir(tmp_path)))), ("clear", lambda: st.clear())]
         for label, fn in checks:
@@ -1073,7 +1073,7 @@ class StorageConformance:
         w = st.open_segment_writer()
         w.append(self.values(1)[0])
         expect_error(INDEX_ERRORS, w.commit, 1.0)
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
 
     # ================================================================== bad values
     def _invalid_values(self, valid: Any) -> List[Tuple[str, str, Any]]:
@@ -1243,7 +1243,7 @@ class StorageConformance:
             st.append(v)
         st.mark_segment_end()
         assert len(st) == 5
-        assert st.get_segments() == [(0, 2), (3, 4)]
+        assert st.episode_segments() == [(0, 2), (3, 4)]
         self.assert_rows(st, vals)
         expect_error(INDEX_ERRORS, st.get, 5)
 
@@ -1279,10 +1279,10 @@ class StorageConformance:
         for v in vals[2:]:
             st.append(v)
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 1), (2, 4)]
+        assert st.episode_segments() == [(0, 1), (2, 4)]
         st.shrink_length(2)
         assert len(st) == 3
-        assert st.get_segments() == [(0, 1)]
+        assert st.episode_segments() == [(0, 1)]
         expect_error(INDEX_ERRORS, st.mark_segment_start, 4)
         assert not st.has_open_segment
         new = self.values(2)
@@ -1291,7 +1291,7 @@ class StorageConformance:
             st.append(v)
         st.mark_segment_end()
         assert len(st) == 5
-        assert st.get_segments() == [(0, 1), (3, 4)]
+        assert st.episode_segments() == [(0, 1), (3, 4)]
         self.assert_rows(st, vals[:3] + new)
 
     def test_growable_writer_commit_grows(self, tmp_path: Any) -> None:
@@ -1307,7 +1307,7 @@ class StorageConformance:
         assert len(st) == 2
         w1.commit(len(st))
         assert len(st) == 5
-        assert st.get_segments() == [(0, 1), (2, 4)]
+        assert st.episode_segments() == [(0, 1), (2, 4)]
         self.assert_rows(st, b + a)
 
     def test_growable_clear_empties(self, tmp_path: Any) -> None:
@@ -1319,7 +1319,7 @@ class StorageConformance:
         st.mark_segment_end()
         st.clear()
         assert len(st) == 0
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
         v = self.values(1)[0]
         st.mark_segment_start(0)
         st.append(v)
@@ -1338,7 +1338,7 @@ class StorageConformance:
         back = self.reopened(st, tmp_path, read_only=False)
         assert back.capacity is None
         assert len(back) == 3
-        assert back.get_segments() == [(0, 2)]
+        assert back.episode_segments() == [(0, 2)]
         self.assert_rows(back, vals)
         more = self.values(2)
         back.mark_segment_start(3)
@@ -1346,7 +1346,7 @@ class StorageConformance:
             back.append(v)
         back.mark_segment_end()
         self.assert_rows(back, vals + more)
-        assert back.get_segments() == [(0, 2), (3, 4)]
+        assert back.episode_segments() == [(0, 2), (3, 4)]
 
     # ================================================================== pickling
     def test_pickle_round_trip(self, tmp_path: Any) -> None:
@@ -1354,7 +1354,7 @@ class StorageConformance:
         clone = pickle.loads(pickle.dumps(st))
         self._opened.append(clone)
         assert clone.capacity == st.capacity
-        assert clone.get_segments() == st.get_segments()
+        assert clone.episode_segments() == st.episode_segments()
         self.assert_rows(clone, model)
 
     def test_pickled_copy_shares_rows(self, tmp_path: Any) -> None:

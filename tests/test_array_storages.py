@@ -153,7 +153,7 @@ def test_create_over_an_existing_file_replaces_it(tmp_path: Any, cls: Any, backe
         cls.create(space, capacity=4, cache_path=path)
     fresh = cls.create(space, capacity=4, cache_path=path, overwrite=True)
     assert np.array_equal(as_numpy(fresh.get(Ellipsis)), np.zeros((4, 3), np.float32))
-    assert fresh.get_segments() == []
+    assert fresh.episode_segments() == []
     fresh.close()
     bigger = cls.create(space, capacity=6, cache_path=path, overwrite=True)
     assert bigger.capacity == 6
@@ -264,7 +264,7 @@ def test_sidecar_records_capacity_and_segments(tmp_path: Any, cls: Any, backend:
     assert meta["capacity"] == 4
     assert os.path.getsize(path) == 4 * 3 * 4  # raw rows, no header (the reference layout)
     back = cls.load_from(path, f32_space(backend))
-    assert back.get_segments() == [(3, 0)]
+    assert back.episode_segments() == [(3, 0)]
     assert np.array_equal(as_numpy(back.get(0)), np.array([4, 5, 6], np.float32))
     back.close()
 
@@ -301,7 +301,7 @@ def test_torch_only_dtypes_round_trip(tmp_path: Any, make_space: Any, rows: Any,
     back = PytorchTensorStorage.load_from(dump, make_space())
     assert back.capacity == 3
     assert_tree_equal(back.get(Ellipsis), torch.stack([rows[0], rows[0], rows[1]]))
-    assert back.get_segments() == [(2, 2)]
+    assert back.episode_segments() == [(2, 2)]
     back.close()
     st.close()
 

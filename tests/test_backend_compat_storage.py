@@ -335,7 +335,7 @@ def test_close_and_gc_never_close_an_inner_storage_passed_in() -> None:
     expect_error((RuntimeError, ValueError), st.get, 1)
     exc = expect_error((RuntimeError, ValueError), w.commit, 0)
     assert "close" in str(exc)
-    assert inner.get_segments() == [] and inner.get(1).tolist() == [[1, 1], [1, 1]]
+    assert inner.episode_segments() == [] and inner.get(1).tolist() == [[1, 1], [1, 1]]
     again = ToBackendOrDeviceStorage(mixed_box(TB), inner, "inner_storage.memmap")
     del again
     gc.collect()
@@ -363,12 +363,12 @@ def test_replay_buffer_over_a_backend_adapter(tmp_path: Any) -> None:
         rb.append(v)
     rb.mark_segment_end()
     rb.extend({k: torch.stack([s[k] for s in steps[3:]]) for k in steps[0]})
-    segs = rb.get_segments()
+    segs = rb.episode_segments()
     rb.dumps()
     rb.close()
     back = ReplayBuffer.load_from(path, backend=TB)
     assert isinstance(back.storage, ToBackendOrDeviceStorage) and back.storage.inner_backend is NB
-    assert back.get_segments() == segs
+    assert back.episode_segments() == segs
     got = back.get_at(slice(0, 4))
     assert_tree_equal(got, {k: torch.stack([s[k] for s in steps[2:]]) for k in steps[0]})
     back.close()

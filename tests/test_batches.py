@@ -150,7 +150,7 @@ class CountingBatch(BatchBase):
     def get_segments(self) -> Any:
         if self._segments is None:
             return None
-        return self.inner.get_segments()  # type: ignore[attr-defined]
+        return self.inner.episode_segments()  # type: ignore[attr-defined]
 
 
 class ArrayBatch(BatchBase):
@@ -239,7 +239,7 @@ def test_frame_stack_matches_oracle_across_wrap(backend: str, pre: int, post: in
     rec = Recorded(backend, 17, [7, 3, 9, 5, 6], open_tail=2)
     rb = rec.rb
     assert rb.offset != 0, "the ring must have wrapped for this test"
-    segs = rb.get_segments()
+    segs = rb.episode_segments()
     assert segs and segs[0][0] == 0 and rec.ts[0] > 0, "expected the oldest episode clipped to its last steps"
     view = FrameStackedBatch(rb, pre, post)
     assert len(view) == len(rb)
@@ -305,7 +305,7 @@ def test_extend_only_buffer_is_one_segment() -> None:
     steps = {"obs": np.zeros((5, 3), np.float32), "ep": np.zeros(5, np.int64), "t": np.arange(5),
              "done": np.zeros(5, bool)}
     rb.extend(steps)
-    assert rb.get_segments() == []
+    assert rb.episode_segments() == []
     view = FrameStackedBatch(rb, 1, 1)
     _, meta = view.get_at_with_metadata(np.arange(5))
     np.testing.assert_array_equal(meta[MASK_KEY][:, 1], True)
@@ -318,7 +318,7 @@ def test_open_episode_is_its_own_segment(backend: str) -> None:
     # the episode being appended overwrote row 0 of the only recorded episode: what is left of that episode
     # (clipped to its last three rows) and the open episode sit side by side, and must not be joined
     rec = Recorded(backend, 4, [4], open_tail=1)
-    assert rec.rb.get_segments() == [(0, 3)]
+    assert rec.rb.episode_segments() == [(0, 3)]
     view = FrameStackedBatch(rec.rb, 1, 1)
     np.testing.assert_array_equal(view.valid_mask_at(np.array([2, 3])), [[True, True, False], [False, True, False]])
     check_windows(rec, view, np.arange(4))
@@ -327,7 +327,7 @@ def test_open_episode_is_its_own_segment(backend: str) -> None:
 def test_unrecorded_single_policy_isolates_unrecorded_frames() -> None:
     rec = Recorded("numpy", 10, [4, 3, 5])          # the first episode clipped to 2 rows at the head ...
     rec.rb.storage.forget_segments(rec.rb.offset, 2)  # ... made rows of no segment (as extend-written rows are)
-    segs = rec.rb.get_segments()
+    segs = rec.rb.episode_segments()
     assert segs[0][0] == 2
     run = FrameStackedBatch(rec.rb, 1, 1)
     single = FrameStackedBatch(rec.rb, 1, 1, unrecorded="single")
@@ -346,7 +346,7 @@ def test_mask_functions_from_episode_keys_agree_with_segments(backend: str) -> N
     by_id = FrameStackedBatch(rec.rb, 3, 3, SliceStackedBatch.get_valid_mask_function_with_episodeid_key("ep"))
     by_end = FrameStackedBatch(rec.rb, 3, 3, SliceStackedBatch.get_valid_mask_function_with_episode_end_key("done"))
     # the remnant at the head has no "done" flag before it, so compare away from it
-    first_full = rec.rb.get_segments()[0][0]
+    first_full = rec.rb.episode_segments()[0][0]
     for view in (by_id, by_end):
         d1, m1 = by_seg.get_at_with_metadata(anchors[first_full:])
         d2, m2 = view.get_at_with_metadata(anchors[first_full:])
@@ -479,16 +479,16 @@ def test_combined_grows_with_its_sources_and_routes_writes() -> None:
     a.x = np.arange(5)
     assert len(comb) == 9
     np.testing.assert_array_equal(comb.get_at(np.array([4, 5]))["x"], [4, 100])
-    assert comb.get_segments() == [(0, 5), (5, 9)]
+    assert comb.episode_segments() == [(0, 5), (5, 9)]
 
 
 def test_combined_segments_keep_windows_inside_one_source() -> None:
     a, b = Recorded("numpy", 12, [4, 5], open_tail=2), Recorded("numpy", 9, [3, 6])
     comb = CombinedBatch([a.rb, b.rb])
-    segs = comb.get_segments()
+    segs = comb.episode_segments()
     na = len(a.rb)
-    assert segs == [(s, e) for s, e in a.rb.get_segments()] + [(na - 2, na)] + \
-        [(na + s, na + e) for s, e in b.rb.get_segments()] or segs[0][0] == 0
+    assert segs == [(s, e) for s, e in a.rb.episode_segments()] + [(na - 2, na)] + \
+        [(na + s, na + e) for s, e in b.rb.episode_segments()] or segs[0][0] == 0
     view = FrameStackedBatch(comb, 3, 3)
     eps = np.concatenate([a.eps, b.eps + 1000])
     _, meta = view.get_at_with_metadata(np.arange(len(comb)))
@@ -522,7 +522,7 @@ def test_sub_indexed_batch() -> None:
     np.testing.assert_array_equal(sub.get_flattened_at(slice(0, 2)).numpy(),
                                   rec.rb.get_flattened_at(np.array([1, 2])).numpy())
     # episode 0 is frames 0..4, so 1..4 | 5, 6 | 14 | 13 split into runs
-    assert sub.get_segments() == [(0, 4), (4, 6), (6, 7), (7, 8)]
+    assert sub.episode_segments() == [(0, 4), (4, 6), (6, 7), (7, 8)]
     step = make_step(rec.B, 77, 7, False)
     sub.set_at(1, step)
     assert int(rec.rb.get_at(2)["ep"]) == 77
@@ -546,7 +546,7 @@ def test_sub_item_batch() -> None:
     np.testing.assert_array_equal(col.get_at(np.array([0, 6])).numpy(), rec.ts[[0, 6]])
     assert int(col.get_at(3)) == rec.ts[3]
     np.testing.assert_array_equal(col.get_flattened_at(np.array([1, 2])).numpy(), rec.ts[[1, 2]].reshape(2, 1))
-    assert col.get_segments() == rec.rb.get_segments()
+    assert col.episode_segments() == rec.rb.episode_segments()
     assert not col.is_mutable
     with pytest.raises(NotImplementedError, match="read-only"):
         col.set_at(0, torch.tensor(1))
@@ -581,7 +581,7 @@ def test_transformed_batch_plain_callable_with_inverse() -> None:
     assert float(rec.rb.get_at(3)["obs"][0]) == 25.0
     view.set_at(np.array([0, 1]), {**view.get_at(np.array([0, 1])), "obs": torch.full((2, 3), 8.0)})
     np.testing.assert_array_equal(rec.rb.get_at(np.array([0, 1]))["obs"].numpy(), 4.0)
-    assert view.get_segments() == rec.rb.get_segments()
+    assert view.episode_segments() == rec.rb.episode_segments()
     read_only = TransformedBatch(rec.rb, double)
     assert not read_only.is_mutable
     with pytest.raises(NotImplementedError, match="inverse"):
@@ -634,7 +634,7 @@ def test_to_backend_or_device_batch() -> None:
     got = view.get_at(torch.tensor([1, 7]))
     assert isinstance(got["t"], torch.Tensor) and got["t"].tolist() == rec.ts[[1, 7]].tolist()
     assert isinstance(view.get_flattened_at(np.array([1])), torch.Tensor)
-    assert view.get_segments() == rec.rb.get_segments()
+    assert view.episode_segments() == rec.rb.episode_segments()
     view.set_at(2, {**view.get_at(2), "ep": torch.tensor(42)})
     assert int(rec.rb.get_at(2)["ep"]) == 42
     view.set_at(np.array([3, 4]), {**view.get_at(np.array([3, 4])), "ep": torch.tensor([7, 8])})

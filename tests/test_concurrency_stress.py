@@ -196,7 +196,7 @@ def reader_main(rb: ReplayBuffer, ready: Any, stop: Any, out_path: str, iters: A
                     else:
                         check_episode_around(i, r)
                 # the segment list tiles [0, len) with whole episodes (nothing is abandoned into the buffer)
-                segs = rb.get_segments() or []
+                segs = rb.episode_segments() or []
                 res["segment_lists"] += 1
                 pos = 0
                 for s, e in segs:
@@ -275,7 +275,7 @@ def check_final(rb: ReplayBuffer, n_episodes: int, mode: str) -> None:
         seen[key] = (i, i + n)
         i += n
     assert set(seen) == set(want), f"lost episodes: {sorted(set(want) - set(seen))[:10]}"
-    assert rb.get_segments() == sorted(seen.values()), "get_segments() does not list exactly the committed episodes"
+    assert rb.episode_segments() == sorted(seen.values()), "get_segments() does not list exactly the committed episodes"
 
 
 CONFIGS = [
@@ -364,7 +364,7 @@ def test_dumps_snapshots_while_writers_commit(tmp_path: Any, soak: int, medium: 
             problems.append(f"{os.path.basename(d)} does not open: {type(exc).__name__}: {exc}")
             continue
         try:
-            segs = snap.get_segments() or []
+            segs = snap.episode_segments() or []
             for s, e in segs:
                 rows = rows_of(snap.get_at(slice(s, e)))
                 p = episode_problem(rows)

@@ -83,7 +83,7 @@ def test_commit_points_change_only_row_bytes(tmp_path: Any, layout: str) -> None
         state = json.load(f)
     assert state["segments"] == [[0, 5]] and state["length"] == (30 if layout == "growable" else 40)
     back = HDF5Storage.load_from(path, SPACE)
-    assert back.get_segments() == [(0, 4)] and back.get(7)["k"] == 8 + 2
+    assert back.episode_segments() == [(0, 4)] and back.get(7)["k"] == 8 + 2
     back.close()
     st.close()
 
@@ -104,17 +104,17 @@ def test_growth_and_trimming_replace_the_file(tmp_path: Any) -> None:
     with h5py.File(path, "r") as f:
         assert f["x"].shape[0] >= 64 and json.loads(f.attrs["unienv_storage"])["file_id"] != stale["file_id"]
     back = HDF5Storage.load_from(path, SPACE)    # the new file's own attribute: the state when it was written
-    assert len(back) == 0 and back.get_segments() == []
+    assert len(back) == 0 and back.episode_segments() == []
     back.close()
     st.flush()                                   # a commit point: the new file's own sidecar
     assert json.load(open(path + STATE_SUFFIX))["file_id"] != stale["file_id"]
     back = HDF5Storage.load_from(path, SPACE)
-    assert len(back) == 3 and back.get_segments() == [(0, 2)]
+    assert len(back) == 3 and back.episode_segments() == [(0, 2)]
     back.close()
     st.close()                                               # trimmed: another new file, exactly 3 rows
     with h5py.File(path, "r") as f:
         assert f["x"].shape == (3, 3) and f["x"].maxshape == (None, 3)
-    assert HDF5Storage.load_from(path, SPACE).get_segments() == [(0, 2)]
+    assert HDF5Storage.load_from(path, SPACE).episode_segments() == [(0, 2)]
 
 
 @pytest.mark.parametrize("capacity", [None, 12])

@@ -547,12 +547,12 @@ class TestChildren:
         st.append(value())
         st.mark_segment_end()
         for child in st.storages.values():
-            assert child.get_segments() == [(2, 2)]
+            assert child.episode_segments() == [(2, 2)]
         st.get_column("obs/image").mark_segment_start(0)
         expect_error((StorageStateError,), lambda: st.has_open_segment)
         st.get_column("obs/image").abort_segment()
         st.get_column("*").forget_segments(2, 1)
-        expect_error((StorageStateError,), st.get_segments)
+        expect_error((StorageStateError,), st.episode_segments)
 
     def test_writer_commits_every_child_at_the_same_start(self) -> None:
         st = make(capacity=5)
@@ -561,15 +561,15 @@ class TestChildren:
         for v in vals:
             w.append(v)
         w.commit(4)
-        assert st.get_segments() == [(4, 1)]
+        assert st.episode_segments() == [(4, 1)]
         for child in st.storages.values():
-            assert child.get_segments() == [(4, 1)]
+            assert child.episode_segments() == [(4, 1)]
         assert_tree_equal(st.get(np.array([4, 0, 1])), stack_tree(vals))
 
     def test_record_segment_reaches_every_child(self) -> None:
         st = make(capacity=5)
         st._record_segment(1, 2)
-        assert st.get_segments() == [(1, 2)]
+        assert st.episode_segments() == [(1, 2)]
 
 
 # ---------------------------------------------------------------------------------------------------- persistence
@@ -705,9 +705,9 @@ class TestPersistence:
         back.mark_segment_end()
         back.get_column("obs/image").flush()  # only one child saw the new segment when "the process died"
         image = back.get_column("obs/image")
-        assert image.get_segments() == [(1, 1), (2, 2)]
+        assert image.episode_segments() == [(1, 1), (2, 2)]
         again = DictStorage.load_from(path, nested_space())
-        assert again.get_segments() == [(1, 1)]
+        assert again.episode_segments() == [(1, 1)]
         again.close()
 
     def test_create_with_cache_path_reopens(self, tmp_path: Any) -> None:
@@ -722,7 +722,7 @@ class TestPersistence:
         st.flush()
         back = DictStorage.load_from(d, nested_space())
         assert_tree_equal(back.get(1), v)
-        assert back.get_segments() == [(0, 0)]
+        assert back.episode_segments() == [(0, 0)]
         back.close()
         st.close()
 
@@ -907,7 +907,7 @@ class TestStagingProtocol:
         append()
         assert st.pending_segment_length == 1
         st.mark_segment_end()
-        assert st.get_segments() == [(0, 0)]
+        assert st.episode_segments() == [(0, 0)]
         # a staged writer append: nothing buffered on error
         writer, stage = st._stage_writer()
         expect_error((ValueError,), stage, bad)
@@ -915,7 +915,7 @@ class TestStagingProtocol:
         stage(good)()
         assert len(writer) == 1
         writer.commit(3)
-        assert (3, 3) in (st.get_segments() or [])
+        assert (3, 3) in (st.episode_segments() or [])
 
     def test_what_checks_everything(self) -> None:
         sp = DictSpace(TB, {"a": _box(), "b": BinarySpace(TB, ())})
@@ -947,7 +947,7 @@ class TestStagingProtocol:
         expect_error((ValueError,), w.append, bad)
         w.append(good)
         w.commit(1)
-        assert st.get_segments() == [(0, 0), (1, 1)]
+        assert st.episode_segments() == [(0, 0), (1, 1)]
 
     def test_one_index_normalisation_serves_every_child(self) -> None:
         from unienv_data.base.indexing import normalize_index

@@ -127,7 +127,7 @@ def test_ended_episodes_survive_sigkill_of_the_recording_process(tmp_path: Any, 
     try:
         # every ended episode is back, whole; the episode in progress is gone
         assert len(rb) == DONE * STEPS
-        assert rb.get_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(DONE)]
+        assert rb.episode_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(DONE)]
         for e in range(DONE):
             _check_episode(rb.get_at, e, e * STEPS, flat=kind == "rb-flat")
     finally:
@@ -139,7 +139,7 @@ def test_ended_segments_of_a_storage_survive_sigkill(tmp_path: Any) -> None:
     assert _record_and_kill("native", path) == -signal.SIGKILL
     st = DictStorage.load_from(path, _space(), capacity=1000)
     try:
-        assert st.get_segments() == [(e * STEPS, (e + 1) * STEPS - 1) for e in range(DONE)]
+        assert st.episode_segments() == [(e * STEPS, (e + 1) * STEPS - 1) for e in range(DONE)]
         for e in range(DONE):
             _check_episode(st.get, e, e * STEPS)
     finally:
@@ -193,7 +193,7 @@ def test_a_wrapping_durable_ring_lists_only_intact_episodes_at_every_step(tmp_pa
         shutil.copytree(path, snap)
         back = ReplayBuffer.load_from(snap, backend=NB)
         rows = back.get_at(np.arange(len(back)))["step"] if len(back) else np.zeros((0, 2), np.float32)
-        segs = back.get_segments() or []
+        segs = back.episode_segments() or []
         for s, e in segs:
             ep, t = rows[s:e, 0], rows[s:e, 1]
             assert (ep == ep[0]).all() and (np.diff(t) == 1).all(), (k, s, e, rows[s:e].tolist())
@@ -229,7 +229,7 @@ def test_with_block_commits_an_open_episode_on_a_normal_exit(tmp_path: Any) -> N
             rb.append(s)
     assert rb.storage is None           # closed
     back = ReplayBuffer.load_from(path, backend="numpy")
-    assert back.get_segments() == [(0, STEPS)]
+    assert back.episode_segments() == [(0, STEPS)]
     back.close()
 
 
@@ -240,7 +240,7 @@ def test_storage_with_block_records_or_drops_the_open_segment(tmp_path: Any) -> 
         for s in _steps(0):
             st.append(s)
     back = DictStorage.load_from(str(tmp_path / "a"), space, capacity=50)
-    assert back.get_segments() == [(0, STEPS - 1)]
+    assert back.episode_segments() == [(0, STEPS - 1)]
     back.close()
     with pytest.raises(KeyError):
         with create_native_storage(space, capacity=50, cache_path=str(tmp_path / "b")) as st:
@@ -248,7 +248,7 @@ def test_storage_with_block_records_or_drops_the_open_segment(tmp_path: Any) -> 
             st.append(_steps(0)[0])
             raise KeyError("boom")
     back = DictStorage.load_from(str(tmp_path / "b"), space, capacity=50)
-    assert back.get_segments() == []
+    assert back.episode_segments() == []
     back.close()
 
 
@@ -319,7 +319,7 @@ def test_numpy_recorded_buffer_opens_as_torch(tmp_path: Any, backend: str) -> No
     finally:
         rb.close()
     back = ReplayBuffer.load_from(path, backend="numpy")       # still a NumPy dataset on disk
-    assert back.get_at(3)["b"] == np.float32(7.0) and back.get_segments() == [(0, 3), (3, 4)]
+    assert back.get_at(3)["b"] == np.float32(7.0) and back.episode_segments() == [(0, 3), (3, 4)]
     back.close()
 
 
@@ -496,7 +496,7 @@ def test_growable_native_layout_reopens_at_what_every_child_committed(tmp_path: 
         rb = ReplayBuffer.load_from(path, backend=NB, read_only=read_only)
         try:
             assert len(rb) == STEPS and len(rb.storage) == STEPS
-            assert rb.get_segments() == [(0, STEPS)]
+            assert rb.episode_segments() == [(0, STEPS)]
             _check_episode(rb.get_at, 0, 0)
             assert np.asarray(rb.storage.get(slice(None))["image"]).shape[0] == STEPS
             if not read_only:
@@ -508,7 +508,7 @@ def test_growable_native_layout_reopens_at_what_every_child_committed(tmp_path: 
             rb.close()
     rb = ReplayBuffer.load_from(path, backend=NB)
     try:
-        assert rb.get_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(3)]
+        assert rb.episode_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(3)]
         for e in range(3):
             _check_episode(rb.get_at, e, e * STEPS)
     finally:
@@ -565,7 +565,7 @@ def test_growable_native_layout_survives_sigkill_from_outside(tmp_path: Any) -> 
         for read_only in (True, False):
             rb = ReplayBuffer.load_from(path, backend=NB, read_only=read_only)
             try:
-                segs = rb.get_segments()
+                segs = rb.episode_segments()
                 assert segs == [(e * 40, (e + 1) * 40) for e in range(len(segs))]
                 assert len(rb) == 40 * len(segs)
                 if segs:

@@ -251,7 +251,7 @@ def test_state_errors_come_from_the_inner_storage() -> None:
     with pytest.raises(ValueError, match="capacity"):
         st.append(torch_good())
     st.mark_segment_end()
-    assert st.get_segments() == [(1, 0)]
+    assert st.episode_segments() == [(1, 0)]
 
 
 def test_pickled_storage_appends_through_its_own_inner(tmp_path: Any) -> None:
@@ -374,7 +374,7 @@ def test_growable_inner_storage_grows_under_the_compiled_append(space_fn: Any, g
     for _ in range(40):
         st.append(good())
     st.mark_segment_end()
-    assert len(st) == 40 and st.get_segments() == [(0, 39)]   # (first, last) rows
+    assert len(st) == 40 and st.episode_segments() == [(0, 39)]   # (first, last) rows
     want = reference_row(st, good()).tobytes()
     for i in (0, 17, 39):
         row = st.get_flattened(i)

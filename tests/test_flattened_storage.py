@@ -229,11 +229,11 @@ def test_spec_members_work(tmp_path: Any, kind: str) -> None:
         st.append(v)
         assert st.has_open_segment and st.pending_segment_length == 1
         st.mark_segment_end()
-        assert st.get_segments() == [(3, 3)]
+        assert st.episode_segments() == [(3, 3)]
         w = st.open_segment_writer()
         w.append(w1_value(2))
         w.commit(0)
-        assert st.get_segments() == [(0, 0), (3, 3)]   # position order
+        assert st.episode_segments() == [(0, 0), (3, 3)]   # position order
         flat = st.get_flattened(3)
         assert isinstance(flat, torch.Tensor) and flat.dtype == torch.float32 and tuple(flat.shape) == (74,)
         assert tuple(st.get_flattened(slice(0, 2)).shape) == (2, 74)
@@ -246,7 +246,7 @@ def test_spec_members_work(tmp_path: Any, kind: str) -> None:
         assert len(st) == 5
         st.abort_segment()
         st.clear()
-        assert st.get_segments() == []
+        assert st.episode_segments() == []
         dump = os.path.join(os.fspath(tmp_path), "d")
         st.dumps(dump)
         assert os.path.isfile(os.path.join(dump, METADATA))

@@ -380,11 +380,11 @@ def state_of(obj: Any) -> Tuple[Any, ...]:
     """Everything a refused write must leave unchanged."""
     if isinstance(obj, ReplayBuffer):
         st = obj.storage
-        return (st.get_flattened(slice(None)).numpy().tobytes(), obj.get_segments(), len(obj), obj.offset,
+        return (st.get_flattened(slice(None)).numpy().tobytes(), obj.episode_segments(), len(obj), obj.offset,
                 obj.total_written, obj.has_open_segment, obj.open_segment_length)
     rows = obj.get_flattened(slice(None)) if hasattr(obj, "get_flattened") else obj.get(slice(None))
     rows = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
-    return (rows.tobytes(), obj.get_segments(), len(obj), obj.has_open_segment, obj.pending_segment_length)
+    return (rows.tobytes(), obj.episode_segments(), len(obj), obj.has_open_segment, obj.pending_segment_length)
 
 
 def make_flat() -> FlattenedStorage:
@@ -1282,7 +1282,7 @@ def open_and_use(kind: str, d: str, read_only: bool) -> List[str]:
         cap = obj.capacity
         assert cap is None or 0 <= n <= cap, f"opened with length {n} > capacity {cap}"
         get = obj.get_at if kind == "rb" else obj.get
-        ok, segs = attempt("get_segments", obj.get_segments)
+        ok, segs = attempt("episode_segments", obj.episode_segments)
         attempt("get(all)", get, slice(None))
         if n:
             attempt("get(int)", get, n - 1)

@@ -76,7 +76,7 @@ def _record(env: Env, buffer: ReplayBuffer, **kwargs: Any) -> ReplayBufferCollec
 def _assert_matches(buffer: ReplayBuffer, rows: List[Dict[str, Any]], lengths: List[int]) -> None:
     assert len(buffer) == len(rows)
     ends = np.cumsum(lengths).tolist()
-    assert buffer.get_segments() == list(zip([0] + ends[:-1], ends))     # one segment per episode
+    assert buffer.episode_segments() == list(zip([0] + ends[:-1], ends))     # one segment per episode
     got = buffer.get_at(np.arange(len(rows)))
     for key in ("obs", "next_obs"):
         want = np.stack([r[key] for r in rows])
@@ -119,7 +119,7 @@ def test_each_finished_episode_is_durable_before_the_next(tmp_path: Any) -> None
             _, _, term, trunc, _ = wrapper.step(np.int64(actions[len(buffer)]))
             done = term or trunc
         on_disk = ReplayBuffer.load_from(dst, backend=NB)
-        seen.append((len(on_disk), len(on_disk.get_segments() or [])))
+        seen.append((len(on_disk), len(on_disk.episode_segments() or [])))
         assert np.array_equal(on_disk.get_at(np.arange(len(on_disk)))["obs"],
                               buffer.get_at(np.arange(len(buffer)))["obs"])
         on_disk.close()
@@ -140,7 +140,7 @@ def test_reset_mid_episode_ends_the_segment() -> None:
     wrapper.step(np.int64(1))
     assert buffer.has_open_segment
     wrapper.reset(seed=2)
-    assert buffer.get_segments() == [(0, 3), (3, 5)]
+    assert buffer.episode_segments() == [(0, 3), (3, 5)]
     assert buffer.get_at(0)["reward"].dtype == np.float32
 
 
@@ -270,9 +270,9 @@ def test_per_env_recording_of_a_batched_env(tmp_path: Any) -> None:
         ends = [e + int(d) for e, d in zip(ends, term | trunc)]
     for i, rb in enumerate(buffers):
         assert len(rb) == 40 and rb.get_at(np.arange(40))["env_index"].tolist() == [i] * 40
-        assert len(rb.get_segments() or []) == ends[i] and ends[i] >= 2
+        assert len(rb.episode_segments() or []) == ends[i] and ends[i] >= 2
         on_disk = ReplayBuffer.load_from(os.path.join(os.fspath(tmp_path), str(i)), backend=NB)
-        assert len(on_disk.get_segments() or []) == ends[i]       # each buffer dumped to its own directory
+        assert len(on_disk.episode_segments() or []) == ends[i]       # each buffer dumped to its own directory
         on_disk.close()
     # a masked reset ends the open episodes of the masked slots only
     open_before = [rb.has_open_segment for rb in buffers]
@@ -302,7 +302,7 @@ def test_set_replay_buffers_swaps_between_episodes() -> None:
         wrapper.set_replay_buffers(b)
     assert wrapper.set_replay_buffers(b, finalize_old_segments=True) == [a]
     wrapper.step(np.int64(0))
-    assert (len(a), len(b), a.get_segments()) == (1, 1, [(0, 1)])
+    assert (len(a), len(b), a.episode_segments()) == (1, 1, [(0, 1)])
     other = DictSpace(NB, {"obs": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(4,))})
     c = ReplayBuffer.create(DictStorage, other, capacity=5, **native_layout_kwargs(other))
     with pytest.raises(ValueError, match="require_same_space=False"):
@@ -378,7 +378,7 @@ def test_transformation_builder_and_reset_boundary_dumps(tmp_path: Any) -> None:
     assert not os.path.exists(os.path.join(out, "metadata.json"))     # nothing dumped before a reset
     wrapper.reset(seed=1)
     on_disk = ReplayBuffer.load_from(out, backend=NB)
-    assert on_disk.get_segments() == [(0, 2)]
+    assert on_disk.episode_segments() == [(0, 2)]
     got = on_disk.get_at(np.arange(2))
     assert np.array_equal(got["obs"][0], obs0) and got["action"].tolist() == [1, 0] and not got["done"].any()
     on_disk.close()

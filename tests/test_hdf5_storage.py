@@ -235,12 +235,12 @@ def test_growable_file_is_trimmed_at_rest(tmp_path: Any) -> None:
         st.append({"obs": np.array([i, i], np.float32), "done": np.array(i == 9)})
     st.mark_segment_end()
     st.flush()      # a commit point: the state sidecar says 10 rows; the file keeps its spare rows until close
-    assert HDF5Storage.load_from(tmp_path / "g.hdf5", SPACE).get_segments() == [(0, 9)]
+    assert HDF5Storage.load_from(tmp_path / "g.hdf5", SPACE).episode_segments() == [(0, 9)]
     st.close()
     with h5py.File(tmp_path / "g.hdf5", "r") as f:
         assert f["obs"].shape == (10, 2)
     back = HDF5Storage.load_from(tmp_path / "g.hdf5", SPACE)
-    assert len(back) == 10 and back.get_segments() == [(0, 9)]
+    assert len(back) == 10 and back.episode_segments() == [(0, 9)]
     assert back.get(9)["done"]
 
 

@@ -190,10 +190,10 @@ def test_open_segment_rows_are_committed_at_segment_end(tmp_path: Any) -> None:
         st.append(im)
     np.testing.assert_array_equal(st.get(1), imgs[1])  # readable at once, like an array storage
     crashed = ImageStorage.load_from(st.cache_filename, RGB)  # what a crash now would leave
-    assert len(crashed) == 0 and crashed.get_segments() == []
+    assert len(crashed) == 0 and crashed.episode_segments() == []
     st.mark_segment_end()
     back = ImageStorage.load_from(st.cache_filename, RGB)
-    assert back.get_segments() == [(0, 1)]
+    assert back.episode_segments() == [(0, 1)]
     np.testing.assert_array_equal(back.get(Ellipsis), imgs[:2])
     open(os.path.join(st.cache_filename, ".active-deadbeef.tmp.png"), "wb").write(b"half")
     np.testing.assert_array_equal(ImageStorage.load_from(st.cache_filename, RGB).get(Ellipsis), imgs[:2])
@@ -268,7 +268,7 @@ def test_overwritten_episodes_leave_the_metadata_before_their_files_change(tmp_p
     for v in (10, 20, 30, 40):
         st.append(np.full((H, W, 3), v, np.uint8))
     st.mark_segment_end()
-    assert ImageStorage.load_from(d, RGB).get_segments() == [(0, 3)]
+    assert ImageStorage.load_from(d, RGB).episode_segments() == [(0, 3)]
     if how == "append":
         st.mark_segment_start(0)
         st.append(np.full((H, W, 3), 99, np.uint8))
@@ -278,7 +278,7 @@ def test_overwritten_episodes_leave_the_metadata_before_their_files_change(tmp_p
         w.commit(0)
     seen = ImageStorage.load_from(d, RGB)
     assert int(seen.get(0)[0, 0, 0]) == 99
-    assert (0, 3) not in (seen.get_segments() or [])
+    assert (0, 3) not in (seen.episode_segments() or [])
     assert seen._has_persistent_segments()
     seen.close()
     st.close()

@@ -76,7 +76,7 @@ def test_native_layout_serves_a_jax_space_and_reopens(tmp_path: Path) -> None:
     st.dumps(tmp_path / "native")
     st.close()
     back = load_native_storage(tmp_path / "native", space)
-    assert back.get_segments() == [(0, 4)]
+    assert back.episode_segments() == [(0, 4)]
     assert_same(back.get(slice(0, 5)), ep)
     # the image stays uint8 on disk: the raw bytes of the native layout, not a promoted float row
     image_files = [p for p in (tmp_path / "native").rglob("*") if p.is_file() and "image" in str(p)

@@ -83,7 +83,7 @@ def test_from_minari_into_the_native_layout(name: str, tmp_path: Path) -> None:
     assert summary["rows"] == len(src) and summary["episodes"] == src.num_episodes == summary["episodes_written"]
     rb = ReplayBuffer.load_from(str(dst), backend=NumpyComputeBackend, read_only=True)
     try:
-        assert sorted(rb.get_segments()) == src.get_segments()
+        assert sorted(rb.episode_segments()) == src.get_segments()
         got, want = rb.get_at(slice(None)), src.get_at(slice(None))
 
         def same(a: Any, b: Any, key: str) -> None:

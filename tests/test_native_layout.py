@@ -315,9 +315,9 @@ class TestSegmentsAcrossChildren:
         w2.append(vals[4])
         w2.commit(2)
         w1.commit(1)
-        assert st.get_segments() == [(1, 1), (2, 2), (4, 0)]   # position order
+        assert st.episode_segments() == [(1, 1), (2, 2), (4, 0)]   # position order
         for key, child in st.storages.items():
-            assert child.get_segments() == [(1, 1), (2, 2), (4, 0)], key
+            assert child.episode_segments() == [(1, 1), (2, 2), (4, 0)], key
         assert_tree_equal(st.get(np.array([4, 5, 0, 1, 2])), stack_tree(vals[:3] + [vals[3], vals[4]]))
 
     def test_growable_appends_grow_every_child(self, tmp_path: Any) -> None:
@@ -331,7 +331,7 @@ class TestSegmentsAcrossChildren:
         assert len(st) == 7 and all(len(c) == 7 for c in st.storages.values())
         st.close()
         back = load_native_storage(os.path.join(tmp_path, "g"), sp)
-        assert back.capacity is None and len(back) == 7 and back.get_segments() == [(0, 6)]
+        assert back.capacity is None and len(back) == 7 and back.episode_segments() == [(0, 6)]
         assert_tree_equal(back.get(slice(0, 7)), stack_tree(vals))
         back.close()
 
@@ -353,7 +353,7 @@ class TestPersistenceAndSize:
         assert meta["groups"] == {"@float32": ["action", "obs", "reward"]}
         assert sorted(meta["storage_map"]) == ["@float32", "image", "terminated"]
         back = DictStorage.load_from(path, sp)
-        assert back.get_segments() == [(3, 4)]
+        assert back.episode_segments() == [(3, 4)]
         assert_tree_equal(back.get(Ellipsis), st.get(Ellipsis))
         back.close()
 
@@ -429,14 +429,14 @@ class TestVideoOption:
         w.append(vals[3])
         expect_error((ValueError,), w.append, bad)
         w.commit(4)
-        assert st.get_segments() == [(0, 2), (4, 4)]
+        assert st.episode_segments() == [(0, 2), (4, 4)]
         assert_tree_equal(st.get(np.array([0, 1, 2, 4])), stack_tree(vals))
         before = st.get(Ellipsis)
         expect_error((ValueError,), st.set, 5, bad)
         assert_tree_equal(st.get(Ellipsis), before)
         st.close()
         back = load_native_storage(path, sp2)
-        assert back.get_segments() == [(0, 2), (4, 4)]
+        assert back.episode_segments() == [(0, 2), (4, 4)]
         assert_tree_equal(back.get(np.array([0, 1, 2, 4])), stack_tree(vals))
         back.close()
 

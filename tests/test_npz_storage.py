@@ -152,7 +152,7 @@ def test_reference_style_directory_without_a_file(tmp_path: Any) -> None:
     assert "missing_ok=True" in str(exc)
     lenient = NPZStorage.load_from(d, SPACE, missing_ok=True)
     np.testing.assert_array_equal(lenient.get(slice(0, 3)), [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]])
-    assert st.get_segments() == []
+    assert st.episode_segments() == []
 
 
 def test_dumps_elsewhere_replaces_stale_rows(tmp_path: Any) -> None:
@@ -173,7 +173,7 @@ def test_pickled_copy_writes_rows_but_not_structure(tmp_path: Any) -> None:
     st.append(np.array([5.0, 5.0], dtype=np.float32))
     st.mark_segment_end()
     clone = pickle.loads(pickle.dumps(st))
-    assert clone.get_segments() == [(0, 0)] and len(clone) == 4
+    assert clone.episode_segments() == [(0, 0)] and len(clone) == 4
     clone.set(1, np.array([7.0, 7.0], dtype=np.float32))
     np.testing.assert_array_equal(st.get(1), [7.0, 7.0])
     expect_error((StorageStateError,), clone.extend_length, 1)

@@ -175,7 +175,7 @@ def test_growable_pieces_follow_length(tmp_path: Any) -> None:
     assert st.get(5)["obs"].tolist() == [0.0, 0.0] and st.get(4)["obs"].tolist() == [4.0, 4.0]
     st.close()
     back = ParquetStorage.load_from(tmp_path / "g", SPACE)
-    assert len(back) == 7 and back.capacity is None and back.get_segments() == []
+    assert len(back) == 7 and back.capacity is None and back.episode_segments() == []
     assert back.get(6)["obs"].tolist() == [0.0, 0.0]
 
 

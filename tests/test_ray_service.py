@@ -390,7 +390,7 @@ def test_commits_queued_behind_a_dump_share_the_next_one(tmp_path: Any) -> None:
             time.sleep(0.01)
         assert actor._written == n and not errors          # every call wrote its episode and waits for a dump
         on_disk = ReplayBuffer.load_from(directory, backend=B, read_only=True)
-        assert len(on_disk) == 0 and not on_disk.get_segments()   # nothing persisted per episode
+        assert len(on_disk) == 0 and not on_disk.episode_segments()   # nothing persisted per episode
         on_disk.close()
         assert all(t.is_alive() for t in threads)          # no call returned before its episode was durable
     for t in threads:
@@ -398,7 +398,7 @@ def test_commits_queued_behind_a_dump_share_the_next_one(tmp_path: Any) -> None:
     assert not errors and not any(t.is_alive() for t in threads)
     assert actor.dumps == 1 and actor.commits == n         # one dump made all six durable
     on_disk = ReplayBuffer.load_from(directory, backend=B, read_only=True)
-    segs = on_disk.get_segments()
+    segs = on_disk.episode_segments()
     assert segs is not None and len(segs) == n
     data = on_disk.get_at(slice(0, len(on_disk)))
     assert {int(data["obs"][s, 0]) for s, _ in segs} == set(range(n))

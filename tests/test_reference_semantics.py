@@ -60,6 +60,10 @@ def test_known_answers(here: Dict[str, Any]) -> None:
         assert here[name]["len"] == 16 and here[name]["rows"] == [float(i) for i in range(144, 160)]
     assert here["dqn_loop_maintained"]["segments_after_end"] == [[0, 16]]
     assert here["multiprocessing_with_segment_metadata"] == "RuntimeError"
+    assert here["unmaintained_segments"] == {"buffer": None, "storage": None, "open": False, "rows": [0.0, 1.0, 2.0]}
+    assert here["dumps_with_open_episode"] == {"first": "RuntimeError naming mark_segment_end", "listed": None}
+    assert here["dumps_with_open_episode_maintained"] == {"first": "RuntimeError naming mark_segment_end",
+                                                          "listed": [[0, 0]]}
     assert here["seeded_epoch_order"] == {"same": True, "is_permutation": True}
     assert here["out_of_bounds_values"] == {"len": 2, "rows": [[5.0, -7.0], [None, 0.0]]}
 

@@ -93,7 +93,7 @@ def assert_buffer(rb: ReplayBuffer, ids: Sequence[int], segments: Optional[List[
     for i, want in enumerate(ids):
         assert ids_of(rb.get_at(i)) == [want]
     if segments is not None:
-        assert rb.get_segments() == segments
+        assert rb.episode_segments() == segments
 
 
 def write_episode(rb: ReplayBuffer, ids: Sequence[int], backend: Any = TB) -> None:
@@ -190,7 +190,7 @@ def test_round_trip_every_config(cfg: Config, tmp_path: Any) -> None:
     b = cfg.backend
     rb = cfg.create(tmp_path, cap)
     assert rb.capacity == cap and len(rb) == 0 and rb.offset == 0
-    assert rb.get_segments() == []
+    assert rb.episode_segments() == []
     rb.extend(batch([1, 2, 3], b))
     write_episode(rb, [10, 11, 12, 13], b)
     commit_episode(rb, [20, 21], b)
@@ -293,14 +293,14 @@ def test_numpy_memmap_storage_directly(tmp_path: Any) -> None:
     w.append(rows[5])
     rb.commit_segment(w)
     np.testing.assert_array_equal(rb.get_at(slice(None)), rows[2:])
-    assert rb.get_segments() == [(3, 4)]
+    assert rb.episode_segments() == [(3, 4)]
     rb.dumps(d)
     rb.close()
     rb2 = ReplayBuffer.load_from(d, backend=NumpyComputeBackend)
     assert isinstance(rb2.get_at(0), np.ndarray)
     np.testing.assert_array_equal(rb2.get_at(slice(None)), rows[2:])
     np.testing.assert_array_equal(rb2.get_at(-1), rows[5])
-    assert rb2.get_segments() == [(3, 4)]
+    assert rb2.episode_segments() == [(3, 4)]
     assert ReplayBuffer.get_capacity_from_path(d) == 4
     rb2.close()
 
@@ -457,13 +457,13 @@ def test_append_and_mark_segment_end(rb6: ReplayBuffer) -> None:
     rb6.append(single(1))
     rb6.append(single(2))
     assert len(rb6) == 2  # single process: appended rows count at once
-    assert rb6.get_segments() == []  # not recorded before the episode ends
+    assert rb6.episode_segments() == []  # not recorded before the episode ends
     rb6.mark_segment_end()
     assert_buffer(rb6, [1, 2], [(0, 2)])
     write_episode(rb6, [3, 4, 5])
     assert_buffer(rb6, [1, 2, 3, 4, 5], [(0, 2), (2, 5)])
     rb6.mark_segment_end()  # nothing open: a no-op
-    assert rb6.get_segments() == [(0, 2), (2, 5)]
+    assert rb6.episode_segments() == [(0, 2), (2, 5)]
 
 
 def test_commit_segment_in_any_order(rb6: ReplayBuffer) -> None:
@@ -529,13 +529,13 @@ def test_writer_from_another_buffer_is_rejected(tmp_path: Any) -> None:
 def test_episode_longer_than_capacity_is_rejected(rb6: ReplayBuffer) -> None:
     rb6.extend(batch([1, 2, 3]))
     write_episode(rb6, [4, 5])
-    before = (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments())
+    before = (len(rb6), rb6.offset, all_ids(rb6), rb6.episode_segments())
     w = rb6.open_segment_writer()
     for i in range(7):
         w.append(single(100 + i))
     with pytest.raises(ValueError, match="capacity of at least 7"):     # raise the capacity, not split it
         rb6.commit_segment(w)
-    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments()) == before
+    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.episode_segments()) == before
     # exactly the capacity fits
     commit_episode(rb6, list(range(200, 206)))
     assert_buffer(rb6, list(range(200, 206)), [(0, 6)])
@@ -615,16 +615,16 @@ def test_rejected_extend_changes_nothing(rb6: ReplayBuffer, n: int) -> None:
     """Bad data is refused before anything changes: rows, counters and the segments those rows belong to."""
     write_episode(rb6, [1, 2, 3])
     commit_episode(rb6, [4, 5, 6])  # full ring, offset 0: the next extend would overwrite episode [1, 2, 3]
-    before = (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments())
+    before = (len(rb6), rb6.offset, all_ids(rb6), rb6.episode_segments())
     assert before[3] == [(0, 3), (3, 6)]
     with pytest.raises(ValueError):
         rb6.extend(_out_of_bounds(batch(list(range(10, 10 + n))), n - 1))
-    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments()) == before
+    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.episode_segments()) == before
     wrong_shape = batch(list(range(10, 10 + n)))
     wrong_shape["v"] = torch.zeros(n + 1, 2)
     with pytest.raises((ValueError, TypeError)):
         rb6.extend(wrong_shape)
-    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.get_segments()) == before
+    assert (len(rb6), rb6.offset, all_ids(rb6), rb6.episode_segments()) == before
 
 
 def test_rejected_append_changes_nothing(rb6: ReplayBuffer) -> None:
@@ -666,7 +666,7 @@ def test_create_over_an_existing_buffer_starts_empty(tmp_path: Any) -> None:
     with pytest.raises(FileExistsError, match="overwrite=True"):
         _torch_memmap_create(d, 4)
     rb = _torch_memmap_create(d, 4, overwrite=True)
-    assert (len(rb), rb.offset, rb.get_segments()) == (0, 0, [])
+    assert (len(rb), rb.offset, rb.episode_segments()) == (0, 0, [])
     assert not to_np(rb.storage.get_flattened(slice(None))).any()
     rb.extend(batch([9]))
     rb.close()
@@ -685,7 +685,7 @@ def test_clear(cfg: Config, tmp_path: Any) -> None:
     rb.append(single(8, b))  # an open episode is dropped by clear
     rb.clear()
     assert (len(rb), rb.offset) == (0, 0)
-    assert rb.get_segments() == []
+    assert rb.episode_segments() == []
     with pytest.raises(IndexError):
         rb.get_at(0)
     rb.extend(batch([10, 11], b))  # no error: nothing open any more
@@ -731,7 +731,7 @@ def test_closing_a_ram_copy_keeps_the_directory_consistent(tmp_path: Any) -> Non
     write_episode(rb, [6])
     rb.close()
     again = ReplayBuffer.load_from(d, backend=TB, is_memmap=False)
-    state = (len(again), all_ids(again), again.get_segments())
+    state = (len(again), all_ids(again), again.episode_segments())
     again.close()
     assert state in ((3, [1, 2, 3], [(2, 3)]), (4, [3, 4, 5, 6], [(0, 1), (3, 4)])), state
 
@@ -903,7 +903,7 @@ def _assert_rejected(d: str, **kwargs: Any) -> BaseException:
         if n:
             rb.get_at(slice(None))
             rb.get_at(n - 1)
-        rb.get_segments()
+        rb.episode_segments()
     finally:
         rb.close()
     pytest.fail(f"damaged metadata loaded without an error (len {n}, segments {rb._state.get_segments()})")
@@ -1018,7 +1018,7 @@ def test_segments_kept_only_in_metadata_json_are_loaded(tmp_path: Any) -> None:
     rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
     try:
         assert all_ids(rb) == [2, 3, 4, 5]
-        assert rb.get_segments() == [(0, 1), (1, 2), (2, 4)]
+        assert rb.episode_segments() == [(0, 1), (1, 2), (2, 4)]
     finally:
         rb.close()
 

@@ -163,7 +163,7 @@ def reader_main(rb: ReplayBuffer, ready: Any, stop: Any, out_path: str) -> None:
                     result["episode_checks"] += 1
                     if p:
                         violation(f"episode around logical {i}: {p}")
-                segs = rb.get_segments() or []
+                segs = rb.episode_segments() or []
                 for k in rng.integers(0, len(segs), size=min(4, len(segs))).tolist() if segs else []:
                     s, e = segs[k]
                     p = episode_problem(rows_of(rb.get_at(slice(s, e))))
@@ -227,7 +227,7 @@ def check_buffer(rb: ReplayBuffer) -> List[Tuple[int, int]]:
         ranges.append((i, i + n))
         i += n
     assert seen == {(w, e) for w in range(1, N_WRITERS + 1) for e in range(N_EPISODES)}
-    assert rb.get_segments() == ranges
+    assert rb.episode_segments() == ranges
     return ranges
 
 
@@ -258,7 +258,7 @@ def test_four_writers_lose_nothing(tmp_path: Any, start_method: str, kinds: Tupl
                 # the buffer stays usable by the parent after the children are gone
                 rb.extend({k: torch.tensor([1] * 2, dtype=torch.int32) for k in FIELDS})
                 assert len(rb) == expected_total() + 2
-                assert rb.get_segments() == ranges
+                assert rb.episode_segments() == ranges
                 if kind == "memmap":
                     rb.dumps()
                     for shared in (True, False):  # reopened for more worker processes, and for one process
@@ -268,7 +268,7 @@ def test_four_writers_lose_nothing(tmp_path: Any, start_method: str, kinds: Tupl
                             assert len(again) == expected_total() + 2
                             np.testing.assert_array_equal(rows_of(again.get_at(slice(None))),
                                                           rows_of(rb.get_at(slice(None))))
-                            assert again.get_segments() == ranges, \
+                            assert again.episode_segments() == ranges, \
                                 f"segments lost on reload (multiprocessing={shared})"
                         finally:
                             again.close()
@@ -319,7 +319,7 @@ def test_four_writers_through_a_wrapping_ring(tmp_path: Any, mode: str) -> None:
             ranges.append((i, i + n))
             i += n
         assert ranges, "no whole episode survived"
-        assert rb.get_segments() == ranges
+        assert rb.episode_segments() == ranges
     finally:
         rb.close()
 
@@ -397,7 +397,7 @@ def test_a_killed_lock_holder_raises_instead_of_hanging(tmp_path: Any) -> None:
         p.start()
         assert ready.wait(JOIN_TIMEOUT)
         t0 = time.monotonic()
-        assert rb.get_segments() == [(0, 3)]
+        assert rb.episode_segments() == [(0, 3)]
         assert time.monotonic() - t0 > 0.5
         p.join(JOIN_TIMEOUT)
         # a killed holder: an error naming it, not a hang
@@ -412,7 +412,7 @@ def test_a_killed_lock_holder_raises_instead_of_hanging(tmp_path: Any) -> None:
         with pytest.raises(StorageStateError, match=f"process {p.pid} was killed while it held the lock"):
             rb.mark_segment_end()
         with pytest.raises(StorageStateError):
-            rb.get_segments()
+            rb.episode_segments()
         assert time.monotonic() - t0 < 10
         p.join(JOIN_TIMEOUT)
         path = rb.cache_path
@@ -420,7 +420,7 @@ def test_a_killed_lock_holder_raises_instead_of_hanging(tmp_path: Any) -> None:
         rb.close()
     back = ReplayBuffer.load_from(path, backend=TB)
     try:
-        assert back.get_segments() == [(0, 3)] and len(back) == 3
+        assert back.episode_segments() == [(0, 3)] and len(back) == 3
         assert rows_of(back.get_at(slice(None)))[:, 2].tolist() == [0, 1, 2]
     finally:
         back.close()

@@ -135,7 +135,7 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
         return ids
 
     def snapshot(self) -> Tuple[int, List[int], Any]:
-        return len(self.rb), self.all_ids(), self.rb.get_segments()
+        return len(self.rb), self.all_ids(), self.rb.episode_segments()
 
     def all_ids(self) -> List[int]:
         return read_ids(self.rb.get_at(slice(None))) if len(self.rb) else []
@@ -297,7 +297,7 @@ class _ReplayBufferMachine(RuleBasedStateMachine):
 
     @invariant()
     def same_segments(self) -> None:
-        assert self.rb.get_segments() == sorted(self.model.segments)
+        assert self.rb.episode_segments() == sorted(self.model.segments)
         for s, e in self.model.segments:
             assert 0 <= s < e <= len(self.model.rows)
 

@@ -126,7 +126,7 @@ def test_slice_sampler_errors_seeds_and_epochs() -> None:
 def test_slice_sampler_recorded_only_and_device() -> None:
     rec = Recorded("torch", 12, [5, 6, 4])                 # the first episode is partly overwritten (clipped) ...
     rec.rb.storage.forget_segments(rec.rb.offset, 3)      # ... and its rows made rows of no segment
-    first_recorded = rec.rb.get_segments()[0][0]
+    first_recorded = rec.rb.episode_segments()[0][0]
     assert first_recorded > 0
     only = SliceSampler(rec.rb, 32, 2, seed=0, include_unrecorded=False)
     assert only.all_starts().min() >= first_recorded
@@ -494,7 +494,7 @@ def test_segment_cache_is_not_fooled_by_a_clear_that_restores_the_counters() -> 
     n = cap + (a2 - a1 + k * 1_000_003) // 7919
     rb, sampler, before, after = scenario(n, k, True)
     assert before == after                        # the old formula would not have told the two states apart
-    assert rb.get_segments() == [(0, 5), (5, 10)]
+    assert rb.episode_segments() == [(0, 5), (5, 10)]
     data, meta = sampler.sample_with_metadata()
     for (s, e), eps in zip(meta["segment"].tolist(), np.asarray(data["ep"])):
         assert (s, e) in [(0, 5), (5, 10)] and len(set(eps[: e - s].tolist())) == 1

@@ -322,7 +322,7 @@ class _FlattenedStorageMachine(RuleBasedStateMachine):
         np.testing.assert_array_equal(got["a"].numpy(), a)
         np.testing.assert_array_equal(got["b"].numpy(), b)
         np.testing.assert_array_equal(got["c"].numpy(), c)
-        assert st_.get_segments() == m.expected_segments()
+        assert st_.episode_segments() == m.expected_segments()
 
     def _then(self, then: str) -> None:
         """Optionally ends a step with a commit point (flush) or a close + reopen, so that persistence is

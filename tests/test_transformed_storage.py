@@ -529,7 +529,7 @@ def test_close_and_gc_never_close_an_inner_storage_passed_in() -> None:
     expect_error((RuntimeError, ValueError), st.get, 1)
     exc = expect_error((RuntimeError, ValueError), w.commit, 0)
     assert "close" in str(exc)
-    assert inner.get_segments() == []
+    assert inner.episode_segments() == []
     assert np.array_equal(inner.get(1), np.ones((2, 3), np.float32))
     again = TransformedStorage(space, t, inner, "inner.memmap")
     del again
@@ -684,12 +684,12 @@ def test_replay_buffer_over_a_transformed_storage(tmp_path: Any) -> None:
         w.append(v)
     rb.commit_segment(w)
     assert len(rb) == 5
-    segs = rb.get_segments()
+    segs = rb.episode_segments()
     rb.dumps()
     rb.close()
     back = ReplayBuffer.load_from(path, backend=NB, read_only=False)
     assert isinstance(back.storage, TransformedStorage)
-    assert back.get_segments() == segs
+    assert back.episode_segments() == segs
     assert np.array_equal(back.get_at(slice(0, 5)), np.stack(steps[2:]))
     back.close()
 
@@ -716,7 +716,7 @@ def test_dict_storage_with_a_quantized_image_child(tmp_path: Any) -> None:
     expect_error((ValueError,), w.append, bad)
     w.append(v)
     w.commit(2)
-    assert st.get_segments() == [(1, 1), (2, 2)]
+    assert st.episode_segments() == [(1, 1), (2, 2)]
     assert_tree_equal(st.get(Ellipsis), {k: torch.stack([x, x, x]) for k, x in v.items()})
     st.close()
 

@@ -51,7 +51,7 @@ class _VideoConformance(StorageConformance):
         st.get(0)  # rows outside the open segment stay readable
         st.mark_segment_end()
         assert not st.has_open_segment and st.pending_segment_length == 0
-        assert st.get_segments() == [(1, 3)]
+        assert st.episode_segments() == [(1, 3)]
         for k, v in enumerate(vals):
             self.assert_equal(st.get(1 + k), v)
 
@@ -65,7 +65,7 @@ class _VideoConformance(StorageConformance):
         expect_error((ValueError,), st.append, vals[c])
         assert st.pending_segment_length == c
         st.mark_segment_end()
-        assert st.get_segments() == [(2, 1)]
+        assert st.episode_segments() == [(2, 1)]
         for k in range(c):
             self.assert_equal(st.get((2 + k) % c), vals[k])
 
@@ -378,12 +378,12 @@ def test_writers_encode_while_appending_and_show_nothing_before_commit(tmp_path:
             w3.append(c[i])
     temps = [n for n in listing(st) if n.startswith(".active-")]
     assert len(temps) == 3  # each writer streams into its own hidden file; nothing is buffered in memory
-    assert st.files == [] and st.get_segments() == []
+    assert st.files == [] and st.episode_segments() == []
     np.testing.assert_array_equal(st.get(slice(0, 20)), np.zeros((20, H, W, 3), np.uint8))
     w2.commit(18)  # wraps: rows 18, 19, 0
     w1.commit(2)
     w3.abort()
-    assert st.get_segments() == [(2, 6), (18, 0)]   # position order
+    assert st.episode_segments() == [(2, 6), (18, 0)]   # position order
     assert st.files == ["18_0.mkv", "2_6.mkv"]
     assert listing(st) == ["18_0.mkv", "2_6.mkv", "video_metadata.json"]  # the aborted temp file is gone
     np.testing.assert_array_equal(st.get([18, 19, 0]), b)
@@ -410,7 +410,7 @@ def test_commit_overlapping_the_open_segment_is_refused_and_can_be_retried(tmp_p
         st.set(5, frames[1])
     w.commit(10)
     st.mark_segment_end()
-    assert st.get_segments() == [(5, 5), (10, 12)]   # position order
+    assert st.episode_segments() == [(5, 5), (10, 12)]   # position order
     np.testing.assert_array_equal(st.get(slice(10, 13)), frames)
     np.testing.assert_array_equal(st.get(5), frames[0])
 
@@ -471,7 +471,7 @@ def test_growable_storage_grows_and_shrinks_files(tmp_path: Any) -> None:
     write_segment(st, 6, a[:2])
     assert len(st) == 8
     st.shrink_length(3)
-    assert len(st) == 5 and st.files == ["0_5.mkv"] and st.get_segments() == []
+    assert len(st) == 5 and st.files == ["0_5.mkv"] and st.episode_segments() == []
     st.shrink_length(5)
     assert st.files == [] and listing(st) == ["video_metadata.json"]
 
@@ -486,7 +486,7 @@ def test_dumps_to_another_directory_and_again(tmp_path: Any) -> None:
     st.dumps(target)
     back = VideoStorage.load_from(target, RGB)
     np.testing.assert_array_equal(back.get(Ellipsis), a)
-    assert back.get_segments() == st.get_segments() and back.codec == st.codec
+    assert back.episode_segments() == st.episode_segments() and back.codec == st.codec
     b = noise_frames(6, 5)
     st.set(slice(0, 6), b)
     st.dumps(target)  # the unchanged file is kept, the replaced one swapped, the stale one removed
@@ -570,7 +570,7 @@ def test_crash_leftovers_are_ignored_on_load(tmp_path: Any) -> None:
         w.append(f)
     open(os.path.join(st.cache_filename, "5_9.mkv"), "wb").write(b"renamed but never recorded")
     back = VideoStorage.load_from(st.cache_filename, RGB, read_only=False)
-    assert back.get_segments() == [(0, 4)] and back.files == ["0_4.mkv"]
+    assert back.episode_segments() == [(0, 4)] and back.files == ["0_4.mkv"]
     np.testing.assert_array_equal(back.get(slice(0, 5)), a)
     np.testing.assert_array_equal(back.get(slice(5, 10)), np.zeros((5, H, W, 3), np.uint8))
     orphans = back.orphan_files()
@@ -629,7 +629,7 @@ def test_reference_written_directory_opens_read_only(tmp_path: Any) -> None:
                "capacity": 10, "length": 10}, open(os.path.join(d, "video_metadata.json"), "w"))
     json.dump({"file_ranges": [[8, 1], [3, 5]]}, open(os.path.join(d, "episode_index.json"), "w"))
     ref = VideoStorage.load_from(d, RGB)
-    assert ref.get_segments() == [(3, 5), (8, 1)]   # position order
+    assert ref.get_segments() == ref.episode_segments() == [(3, 5), (8, 1)]   # position order, as listed
     np.testing.assert_array_equal(ref.get([8, 9, 0, 1, 3, 4, 5]), a)
     with pytest.raises(ValueError, match="read-only"):
         VideoStorage.load_from(d, RGB, read_only=False)

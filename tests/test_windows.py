@@ -158,7 +158,7 @@ class CountingBatch(BatchBase):
         return self.inner.get_at(idx)
 
     def get_segments(self) -> Any:
-        return self.inner.get_segments()
+        return self.inner.episode_segments()
 
 
 def test_a_batch_is_one_read_not_one_per_sample(buffer: ReplayBuffer) -> None:

@@ -94,7 +94,7 @@ def run(out: str, episodes: int = 12, steps: int = 50, capacity: Optional[int] =
 
     t0 = time.perf_counter()
     st = FlattenedStorage.load_from(path, space)
-    segments = st.get_segments() or []
+    segments = st.episode_segments() or []
     survivors = {start: idx for idx, start in placed[-len(segments):]}
     checked = 0
     for seg_start, _seg_end in segments:

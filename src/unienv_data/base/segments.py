@@ -13,6 +13,15 @@ from typing import Any, Iterable, List, Optional, Tuple
 from .errors import StorageFormatError
 from .ring import clip_runs, inclusive_end, ring_intervals, runs_overlap
 
+def episode_segments_of(obj: Any) -> Optional[Any]:
+    """The episodes `obj` (a storage, buffer or batch) records: its `episode_segments()` (this project's
+    extension, every recorded episode), else its `get_segments()` (a batch of another library), else None."""
+    fn = getattr(obj, "episode_segments", None)
+    if fn is None:
+        fn = getattr(obj, "get_segments", None)
+    return None if fn is None else fn()
+
+
 #: Whether two runs share a physical row (kept under its old name for callers of this module).
 ring_positions_overlap = runs_overlap
 

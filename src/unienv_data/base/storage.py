@@ -7,7 +7,7 @@ import inspect
 import os
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -153,6 +153,20 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def shrink_length(self, length: int) -> None:
         """Removes `length` rows from the end of a growable storage (no-op for fixed capacity)."""
 
+    @property
+    def _follows_shared_growth(self) -> bool:
+        """Whether `_follow_length` works: a growable storage shared by several processes (a multiprocessing
+        `ReplayBuffer`) can be grown by one of them and the others then see the new rows (False by default: a
+        memory map or an open file another process resized cannot be followed)."""
+        return False
+
+    def _follow_length(self, length: int, written: bool) -> None:
+        """A growable storage shared across processes: makes it `length` rows long in this process, without the
+        owner's checks (the shared buffer's lock and counters are the authority). `written`: the new rows were
+        written by another process (else they are about to be written here)."""
+        raise StorageStateError(f"{type(self).__name__} cannot follow growth made by another process (its rows are "
+                                f"mapped per process); share a fixed-capacity buffer instead")
+
     def clear(self) -> None:
         """Aborts the open segment, forgets every segment, and empties a growable storage."""
         self._check_writable()
@@ -269,10 +283,23 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Rows appended to the open segment (they are already readable)."""
         return self._seg_len if self._seg_start is not None else 0
 
+    #: whether `get_segments()` lists the recorded segments (unienv 0.0.1b16: video storages do, array, NPZ,
+    #: HDF5, image, Parquet storages return None); `episode_segments()` lists them for every storage
+    _lists_segments: ClassVar[bool] = False
+
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        """Recorded segments as inclusive physical `(start, end)` pairs in position order, as unienv 0.0.1b16
-        lists them (end < start when a segment wraps the ring); None when the storage keeps no segment
-        information."""
+        """The segments as unienv 0.0.1b16 reports them: inclusive physical `(start, end)` pairs in position order
+        (end < start when a segment wraps the ring) for a storage that lists them there (a `VideoStorage`), None
+        for the others (array, NPZ, HDF5, image, Parquet storages), which still record their episodes: see
+        `episode_segments()`."""
+        self._check_open()
+        return self.episode_segments() if self._lists_segments else None
+
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """Every recorded segment (append-built and writer-built episodes) as inclusive physical `(start, end)`
+        pairs in position order (end < start when a segment wraps the ring), whatever `get_segments()` reports;
+        None when the storage keeps no segment information. An extension of this project: samplers, windows and
+        the integrations read episodes through it, so they work on every storage."""
         self._check_open()
         log = self._segment_log()
         return None if log is None else sorted(log.inclusive_ranges())

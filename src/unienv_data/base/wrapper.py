@@ -108,6 +108,13 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._check_open()
         self.inner_storage.shrink_length(length)
 
+    @property
+    def _follows_shared_growth(self) -> bool:
+        return self.inner_storage._follows_shared_growth
+
+    def _follow_length(self, length: int, written: bool) -> None:
+        self.inner_storage._follow_length(length, written)
+
     def mark_segment_start(self, start_index: int) -> None:
         self._check_writable()
         self.inner_storage.mark_segment_start(start_index)
@@ -121,8 +128,14 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self.inner_storage.abort_segment()
 
     def get_segments(self) -> Optional[List[Any]]:
+        """The inner storage's `get_segments()` (as unienv 0.0.1b16 forwards it)."""
         self._check_open()
         return self.inner_storage.get_segments()
+
+    def episode_segments(self) -> Optional[List[Any]]:
+        """The inner storage's `episode_segments()`."""
+        self._check_open()
+        return self.inner_storage.episode_segments()
 
     def clear(self) -> None:
         self._check_writable()

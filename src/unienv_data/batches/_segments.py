@@ -1,10 +1,11 @@
 """Which frames of a batch belong together: the recorded segments (episodes) as a vectorised lookup.
 
-A batch reports its segments with `get_segments()` as logical half-open `(start, end)` ranges (a `ReplayBuffer`
-does, and stays right after its ring wraps), or None when it keeps no segment information. This module turns that
-into a partition of `[0, len(batch))`:
+A batch reports its episodes with `episode_segments()` (this project's extension; a batch of another library with
+`get_segments()`) as logical half-open `(start, end)` ranges (a `ReplayBuffer` does, whatever its storage and
+without `maintain_segment_metadata`, and stays right after its ring wraps), or None when it keeps no segment
+information. This module turns that into a partition of `[0, len(batch))`:
 
-* no `get_segments`, or it returns None: the whole batch is one segment;
+* neither method, or it returns None: the whole batch is one segment;
 * every recorded range is one segment, and so is an episode still being appended at a replay buffer's tail
   (for windows; it is not a complete episode, so whole-episode sampling leaves it out by default);
 * frames outside every recorded range ("unrecorded": the surviving tail of an episode whose start the ring
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from unienv_data.base.segments import episode_segments_of
 
 UNRECORDED_POLICIES = ("run", "single")
 
@@ -50,8 +53,7 @@ def open_episode_rows(batch: Any, length: int) -> int:
 
 
 def _raw_segments(batch: Any) -> Optional[Any]:
-    fn = getattr(batch, "get_segments", None)
-    return None if fn is None else fn()
+    return episode_segments_of(batch)
 
 
 def recorded_segments(batch: Any, length: int) -> Optional[np.ndarray]:

@@ -7,6 +7,7 @@ from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import is_single_index, normalize_index
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space.space_utils import flatten_utils
 
 
@@ -46,6 +47,10 @@ class ToBackendOrDeviceBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeTy
     def get_segments(self) -> Optional[Any]:
         fn = getattr(self.batch, "get_segments", None)
         return None if fn is None else fn()
+
+    def episode_segments(self) -> Optional[Any]:
+        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
+        return episode_segments_of(self.batch)
 
     def _index(self, idx: Any) -> Any:
         """`idx` as an index the wrapped batch accepts (NumPy positions for arrays of any backend)."""

@@ -77,7 +77,7 @@ class CombinedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGT
         src = np.searchsorted(bounds[1:], pos, side="right")
         return src, pos - bounds[src]
 
-    def get_segments(self) -> List[Tuple[int, int]]:
+    def episode_segments(self) -> List[Tuple[int, int]]:
         """Every source's segment partition (unrecorded runs included), shifted to its place."""
         out: List[Tuple[int, int]] = []
         start = 0
@@ -86,6 +86,10 @@ class CombinedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGT
             out.extend((start + s, start + e) for s, e in SegmentIndex.of(b, n).partition())
             start += n
         return out
+
+    def get_segments(self) -> List[Tuple[int, int]]:
+        """The same as `episode_segments()` (a batch of this project; unienv 0.0.1b16 has no such method here)."""
+        return self.episode_segments()
 
     # ------------------------------------------------------------------ reads
     def _move(self, k: int, data: Any, metadata: bool = False) -> Any:

@@ -1,7 +1,7 @@
 """`SliceStackedBatch` and `FrameStackedBatch`: read-only views whose sample `i` is a window of frames around `i`.
 
 Validity. Frame `i + o` of the window anchored at `i` is *valid* when it lies in `[0, len(batch))` and in the
-same segment as the anchor `i`. Without a mask function the segments come from `batch.get_segments()` (logical
+same segment as the anchor `i`. Without a mask function the segments come from `batch.episode_segments()` (logical
 half-open ranges, so windows stay right across a ring buffer's wrap-around); see `_segments.py` for frames that
 belong to no recorded segment. With `get_valid_mask_function` its result replaces the segment test, but is still
 combined (AND) with the range test: a frame outside the written range is never valid.
@@ -35,6 +35,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_data.base.indexing import is_single_index, normalize_index
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space import Space
 from unienv_interface.space.spaces import BinarySpace, DictSpace, TupleSpace
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
@@ -183,6 +184,10 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """The wrapped batch's segments (a window anchored at `i` belongs to the segment of frame `i`)."""
         fn = getattr(self.batch, "get_segments", None)
         return None if fn is None else fn()
+
+    def episode_segments(self) -> Optional[Any]:
+        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
+        return episode_segments_of(self.batch)
 
     def expand_index(self, idx: Any) -> Any:
         """The `(B, T)` frame indices of the windows at `idx`, clipped into `[0, len)` (backend int array)."""

@@ -66,7 +66,7 @@ class SubIndexedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def set_flattened_at(self, idx: Any, value: Any) -> None:
         self.batch.set_flattened_at(self._map(idx), value)
 
-    def get_segments(self) -> List[Tuple[int, int]]:
+    def episode_segments(self) -> List[Tuple[int, int]]:
         """Maximal runs of view positions that are consecutive frames of one segment of `batch`."""
         m = len(self)
         if m == 0:
@@ -81,6 +81,10 @@ class SubIndexedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         starts = np.concatenate([[0], breaks]).tolist()
         ends = np.concatenate([breaks, [m]]).tolist()
         return list(zip(starts, ends))
+
+    def get_segments(self) -> List[Tuple[int, int]]:
+        """The same as `episode_segments()` (a batch of this project; unienv 0.0.1b16 has no such method here)."""
+        return self.episode_segments()
 
 
 __all__ = ["SubIndexedBatch"]

@@ -7,6 +7,7 @@ from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import is_single_index
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space.space_utils import flatten_utils
 
 from . import _tree
@@ -58,6 +59,10 @@ class SubItemBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def get_segments(self) -> Optional[Any]:
         fn = getattr(self.batch, "get_segments", None)
         return None if fn is None else fn()
+
+    def episode_segments(self) -> Optional[Any]:
+        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
+        return episode_segments_of(self.batch)
 
 
 __all__ = ["SubItemBatch"]

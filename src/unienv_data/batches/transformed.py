@@ -9,6 +9,7 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import is_single_index, normalize_index
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import flatten_utils
 
@@ -99,6 +100,10 @@ class TransformedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BR
     def get_segments(self) -> Optional[Any]:
         fn = getattr(self.batch, "get_segments", None)
         return None if fn is None else fn()
+
+    def episode_segments(self) -> Optional[Any]:
+        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
+        return episode_segments_of(self.batch)
 
     def _as_batch_index(self, idx: Any) -> Tuple[Any, bool]:
         if is_single_index(idx):

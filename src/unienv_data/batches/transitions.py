@@ -19,6 +19,7 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import normalize_index
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space.spaces import BinarySpace, BoxSpace, DictSpace
 
 from . import _tree
@@ -75,6 +76,10 @@ class NextObservationBatch(BatchBase[Any, Any, Any, Any, Any]):
     def get_segments(self) -> Optional[Any]:
         fn = getattr(self.batch, "get_segments", None)
         return None if fn is None else fn()
+
+    def episode_segments(self) -> Optional[Any]:
+        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
+        return episode_segments_of(self.batch)
 
     def _bounds(self, anchors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self._seg_cache.get(self.batch).bounds(anchors)

@@ -11,7 +11,7 @@ Keys. See `unienv_data.batches._columns`: a top-level key is used as is (flat do
 `"observation.image"` work), `"a/b"` names the nested key `b` of `a`, a tuple `("a", "b")` too. A key may name a
 sub-dict; it is windowed as a whole. Output keys are the keys as given (tuples joined with `"/"`).
 
-Episodes are the source's segments (`get_segments()`, see `_segments.py`; a source without segments is one
+Episodes are the source's segments (`episode_segments()`, see `_segments.py`; a source without segments is one
 episode). Frame `a + o` of the window anchored at `a` is a *pad* frame when it lies outside the anchor's episode:
 it then holds the episode's first (before the start) or last (after the end) frame, and `<key>_is_pad` is True
 there. A window never reads another episode's data.

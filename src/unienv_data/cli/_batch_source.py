@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.segments import episode_segments_of
+
 
 def backend_class(name: str) -> Any:
     """The compute backend of `--backend` for a source of another tool ("auto": NumPy)."""
@@ -62,8 +64,7 @@ class BatchSource:
         return len(self.batch)
 
     def episodes(self) -> List[Tuple[int, int]]:
-        fn = getattr(self.batch, "get_segments", None)
-        segs = None if fn is None else fn()
+        segs = episode_segments_of(self.batch)
         return sorted((int(s), int(e)) for s, e in (segs or []))
 
     def read(self, rows: Any) -> Any:

@@ -90,8 +90,8 @@ class OpenedDataset:
     def episodes(self) -> List[Tuple[int, int]]:
         """Recorded episodes as logical half-open ranges, oldest first."""
         if self.is_buffer:
-            return sorted(self.obj.get_segments() or [])
-        segs = self.storage.get_segments() or []
+            return sorted(self.obj.episode_segments() or [])
+        segs = self.storage.episode_segments() or []
         cap = self.capacity
         runs = [(s, run_length(s, e, cap or None)) for s, e in segs]
         return sorted((logical_row(self._rot, s, cap or None), logical_row(self._rot, s, cap or None) + n)

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space import BoxSpace
 
 #: suffix of the pad-mask keys (LeRobot's spelling)
@@ -60,7 +61,7 @@ def offsets_from_delta_timestamps(delta_timestamps: Mapping[str, Sequence[float]
 
 
 def _episode_bounds(source: Any, n: int) -> np.ndarray:
-    segs = source.get_segments() if hasattr(source, "get_segments") else None
+    segs = episode_segments_of(source)
     if not segs:
         return np.asarray([[0, n]], np.int64)
     b = np.asarray(segs, np.int64).reshape(-1, 2)

@@ -1,7 +1,7 @@
 """`ColumnView`: one column of a `ReplayBuffer` (what `get_column` returns), indexed logically like the buffer."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +41,14 @@ class ColumnView(BatchBase[Any, Any, Any, Any, Any]):
 
     def set_at(self, idx: Any, value: Any) -> None:
         self._column.set(self._buffer.index_with_offset(idx), value)
+
+    def get_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """The buffer's `get_segments()` (a column is a live view of it, as in unienv 0.0.1b16)."""
+        return self._buffer.get_segments()
+
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """The buffer's `episode_segments()`."""
+        return self._buffer.episode_segments()
 
 
 __all__ = ["ColumnView"]

@@ -83,7 +83,7 @@ def describe_buffer(buffer: Any) -> str:
     if st is None:
         return f"ReplayBuffer(closed, path={buffer.cache_path!r})"
     try:
-        segs = buffer.get_segments()
+        segs = buffer.episode_segments()
         n_segs: Any = "n/a" if segs is None else len(segs)
     except Exception:  # noqa: BLE001 - a description never raises
         n_segs = "?"

@@ -150,7 +150,11 @@ class SharedState:
         return [(int(a[_HEADER + 2 * i]), int(a[_HEADER + 2 * i + 1])) for i in range(n)]
 
     def set_segments(self, runs: List[Tuple[int, int]]) -> None:
-        runs = list(runs)[-self._max:]
+        runs = list(runs)
+        if len(runs) > self._max:      # a ring never holds more segments than rows; a growable table is bounded
+            raise StorageStateError(f"this shared buffer's segment table holds at most {self._max} episodes and "
+                                    f"{len(runs)} were recorded; reopen the directory (ReplayBuffer.load_from) with "
+                                    "room for more, or give the buffer a fixed capacity")
         for i, (s, n) in enumerate(runs):
             self._arr[_HEADER + 2 * i] = s
             self._arr[_HEADER + 2 * i + 1] = n
@@ -203,7 +207,7 @@ def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List
     if not meta.get("shared_segments") or runs is None or buffer.multiprocessing:
         return
     st = buffer._st()
-    if st.get_segments() is None:
+    if st.episode_segments() is None:
         return          # the buffer keeps its own list: it was built from the metadata already
     cap = st.capacity
     st.forget_segments(0, cap if cap is not None else max(len(st), 1))

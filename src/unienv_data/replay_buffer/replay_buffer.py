@@ -2,13 +2,17 @@
 
 Logical index `i` (0 = oldest) lives at physical row `(offset + i) % capacity` (the ring arithmetic is
 `unienv_data.base.ring`). A full ring overwrites its oldest rows, and a segment that loses rows keeps the others
-(it is clipped), as in unienv 0.0.1b16; `get_segments()` reports logical half-open `(start, end)` ranges.
+(it is clipped), as in unienv 0.0.1b16. `get_segments()` (the reference's rules) and `episode_segments()` (every
+recorded episode, an extension) report logical half-open `(start, end)` ranges.
 
-Segments come from one of two places. With `maintain_segment_metadata=True` the buffer keeps its own list, as
+Episodes come from one of two places. With `maintain_segment_metadata=True` the buffer keeps its own list, as
 the reference does: every `extend(batch)`, every committed writer and every append-built episode is a segment,
 saved as `physical_segments` in metadata.json. Otherwise the storage's own segment log counts (storages of this
 project record append-built and writer-built episodes), or, for a storage that keeps none and for a
 multiprocessing buffer, a list kept by the buffer (saved under `buffer_segments`, a key the reference ignores).
+`get_segments()` lists the buffer's own list with `maintain_segment_metadata=True`, else what the storage's
+`get_segments()` lists (None for array, NPZ, HDF5, image and Parquet storages, as in the reference);
+`episode_segments()` lists every episode in either case.
 
 An append-built episode longer than the capacity is not refused: like the reference, the buffer keeps its newest
 `capacity` rows (the storage's segment is closed at the capacity and a new one opened), so an off-policy loop
@@ -16,14 +20,19 @@ that appends forever and never marks episodes just rings.
 
 Multiprocessing (`multiprocessing=True`): count, offset and the segment table live in shared memory under one
 inter-process lock, and travel with the buffer when it is passed to a `multiprocessing.Process` (fork or spawn).
-Each process appends into its own private episode buffer; `mark_segment_end()` (or `commit_segment(writer)`)
-reserves the rows at the tail and writes the whole episode under the lock, so concurrent writers never lose rows
-and every episode stays contiguous. Readers see a row once the commit that wrote it has returned.
+Until the buffer goes to another process (pickled, or inherited by `os.fork()`), `append` writes each row at once,
+as in a single process and in the reference. From then on each process appends into its own private episode
+buffer; `mark_segment_end()` (or `commit_segment(writer)`) reserves the rows at the tail and writes the whole
+episode under the lock, so concurrent writers never lose rows and every episode stays contiguous (an episode open
+at the hand-off moves into the private buffer, see `_hand_off`). Readers see a row once the commit that wrote it
+has returned. A growable shared buffer needs a storage that follows growth made by another process (NPZStorage):
+each process adopts the shared count as the storage's length under the lock before it reads, writes or saves.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
@@ -54,6 +63,37 @@ from ._shared_state import LocalState, SharedState, adopt_shared_segments, persi
 _FIELD_MASK = (1 << 64) - 1
 
 
+#: episodes a shared (`multiprocessing=True`) growable buffer can record (a shared-memory table of 16 bytes each;
+#: reopening the directory makes room for twice as many as it holds)
+GROWABLE_SHARED_SEGMENTS = 65536
+
+
+#: shared buffers of this process that were not handed to another process yet (see `ReplayBuffer._hand_off`)
+_NOT_HANDED_OFF: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+#: every shared buffer of this process (a forked child must not inherit its parent's open episode)
+_SHARED: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    """`os.fork()` (a `multiprocessing` fork start) hands every shared buffer of this process to the child."""
+    for rb in list(_NOT_HANDED_OFF):
+        try:
+            rb._hand_off()
+        except Exception:  # noqa: BLE001 - a fork hook cannot raise; _hand_off marks the buffer handed off first
+            pass
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork starts with no open episode: the parent's stays the parent's."""
+    for rb in list(_SHARED):
+        rb._writer = None
+        rb._seg_open = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
 class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
@@ -80,9 +120,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if multiprocessing and storage.is_mutable and not storage.is_multiprocessing_safe:
             raise ValueError(f"multiprocessing=True needs a storage that processes can share (memory-mapped or "
                              f"created with multiprocessing=True); {type(storage).__name__} is not")
-        if multiprocessing and cap is None and storage.is_mutable:
-            raise ValueError("multiprocessing=True needs a fixed capacity for a writable buffer (a growable storage "
-                             "cannot be resized by several processes); open it with read_only=True to share it")
+        if multiprocessing and cap is None and storage.is_mutable and not storage._follows_shared_growth:
+            raise ValueError(f"multiprocessing=True over a writable growable {type(storage).__name__} is not "
+                             "supported: its rows are mapped per process, so a process could not see rows another "
+                             "one added; give it a fixed capacity, open it with read_only=True, or use a storage "
+                             "that follows shared growth (NPZStorage)")
         super().__init__(storage.single_instance_space)
         self.storage: Optional[SpaceStorage] = storage
         self.storage_path_relative = storage_path_relative
@@ -92,11 +134,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         # segments: the buffer's own list with maintain_segment_metadata (the reference's rule) or when the
         # storage keeps none; else the storage's own log (single process). A multiprocessing buffer keeps its
         # list in shared memory (storage logs are per process).
-        self._own_segments = self._maintain or self.multiprocessing or storage.get_segments() is None
+        self._own_segments = self._maintain or self.multiprocessing or storage.episode_segments() is None
         segs = None
         if self._own_segments:
             segs = list(physical_segments or [])
-            if physical_segments is None and not self._maintain and storage.get_segments():
+            if physical_segments is None and not self._maintain and storage.episode_segments():
                 segs = self._runs_from_storage(storage)
         elif physical_segments is not None and not _persists_segments(storage):
             # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
@@ -104,12 +146,16 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             for s, n in physical_segments:
                 storage._record_segment(s, n)
         if self.multiprocessing:
-            self._state: Union[LocalState, SharedState] = SharedState(count, offset, segs,
-                                                                      cap or max(len(segs or ()), 1))
+            # a ring holds at most `cap` segments; a growable one gets a bounded table with room to grow
+            room = cap if cap is not None else max(GROWABLE_SHARED_SEGMENTS, 2 * len(segs or ()))
+            self._state: Union[LocalState, SharedState] = SharedState(count, offset, segs, room)
         else:
             self._state = LocalState(count, offset, segs)
         self._owns_storage = False
         self._writer: Optional[SegmentWriter] = None      # multiprocessing: this process's open episode
+        #: multiprocessing: the buffer went to another process (pickled or forked); until then appends are written
+        #: at once, as in a single process
+        self._handed_off = False
         self._seg_open = False                            # single process: an append-built segment is open
         self._seg_start = 0
         self._seg_len = 0
@@ -121,12 +167,39 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
             storage.durable = False     # commits persist the shared metadata instead (see `persist_shared`)
+            _NOT_HANDED_OFF.add(self)
+            _SHARED.add(self)
+
+    def _hand_off(self) -> None:
+        """A shared buffer goes to another process: from now on each process keeps its open episode privately and
+        writes it whole when it ends (so episodes stay contiguous). An episode this process was appending in place
+        is still at the tail (no other process had the buffer): its rows move into a private writer (the count
+        steps back over them; no row is lost), and the episode goes on there."""
+        if self._handed_off:
+            return
+        self._handed_off = True
+        _NOT_HANDED_OFF.discard(self)
+        if not self._seg_open or self.storage is None:
+            return
+        st = self._st()
+        cap = st.capacity
+        with self._state.locked():
+            writer = st.open_segment_writer()
+            for i in range(self._seg_len):
+                row = self._seg_start + i
+                writer.append(st.get(row if cap is None else row % cap))
+            st.abort_segment()
+            self._state.count -= self._seg_len
+            self._state.total_written -= self._seg_len
+            self._state.version += 1
+            self._seg_open = False
+            self._writer = writer
 
     @staticmethod
     def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
         cap = storage.capacity
         out = []
-        for s, e in storage.get_segments() or []:
+        for s, e in storage.episode_segments() or []:
             out.append((s, run_length(s, e, cap)))
         return out
 
@@ -331,6 +404,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """Physical storage index of logical `index` (an int, a slice when contiguous, else an int64 array)."""
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
+            self._follow_growth()
         fast = self._fast_array_index(index, count, offset)
         if fast is not None:
             return fast
@@ -406,8 +480,19 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         return log
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        """Logical half-open `(start, end)` ranges of the recorded segments, oldest data first; None when neither
-        the buffer nor its storage keeps segments."""
+        """The segments as unienv 0.0.1b16 reports them: logical half-open `(start, end)` ranges, oldest data
+        first, of the buffer's own list with `maintain_segment_metadata=True`, else of the storage's
+        `get_segments()` (None for array, NPZ, HDF5, image and Parquet storages; a `VideoStorage` lists its
+        segments). Every recorded episode, whatever the storage: `episode_segments()`."""
+        if not self._maintain and self._st().get_segments() is None:
+            return None
+        return self.episode_segments()
+
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """Logical half-open `(start, end)` ranges of every recorded episode (append-built, writer-built, and with
+        `maintain_segment_metadata=True` every extended batch), oldest data first, on every storage; None when
+        neither the buffer nor its storage keeps segments. An extension of this project (`get_segments()` keeps
+        the reference's rules): samplers, windows and the integrations read episodes through it."""
         st = self._st()
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
@@ -416,13 +501,23 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             return None
         return logical_ranges(runs, offset, count, st.capacity)
 
+    def _follow_growth(self) -> None:
+        """A shared growable buffer (under the lock): rows other processes added become readable here."""
+        st = self.storage
+        if self.multiprocessing and st is not None and st.capacity is None and len(st) < self._state.count:
+            st._follow_length(self._state.count, True)
+
     def _advance(self, n: int) -> Tuple[int, int]:
         """Reserves `n` rows at the tail (under the lock): returns their physical start, updates count/offset."""
         st = self._st()
         cap = st.capacity
         count, offset = self._state.count, self._state.offset
         if cap is None and count + n > len(st):
-            st.extend_length(count + n - len(st))
+            if self.multiprocessing:        # every process grows the shared storage (no single owner)
+                self._follow_growth()
+                st._follow_length(count + n, False)
+            else:
+                st.extend_length(count + n - len(st))
         placed = tail_write(count, offset, n, cap)
         self._state.count, self._state.offset = placed.held, placed.offset
         self._state.total_written += n
@@ -493,7 +588,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         by this process and written as a whole by `mark_segment_end()`."""
         st = self._st()
         cap = st.capacity
-        if self.multiprocessing:
+        if self.multiprocessing and (self._handed_off or self._writer is not None):
             if self._writer is not None and cap is not None and len(self._writer) >= cap:
                 # an episode as long as the ring: written now (it could not be committed once longer), and the
                 # appends go on in a new one, as the reference closes its storage's segment at the capacity
@@ -538,7 +633,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def mark_segment_end(self) -> None:
         """Ends the current episode and records it (writes it, for a multiprocessing buffer)."""
         st = self._st()
-        if self.multiprocessing:
+        if self.multiprocessing and not self._seg_open:
             w, self._writer = self._writer, None
             if w is not None and len(w):
                 self._commit(w)
@@ -682,12 +777,17 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
-        """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically); an open
-        append-built episode's rows are included but it is not recorded as a segment until it ends."""
+        """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). Refused with
+        `StorageStateError` (a `RuntimeError`, as in unienv 0.0.1b16) while this process has an episode open
+        (appended but not ended): call `mark_segment_end()` (or `abort_segment()`) first. An ended episode of a
+        buffer with a `cache_path` is on disk already (see `durable`)."""
         path = self.cache_path if path is None else path
         if path is None:
             raise ValueError("dumps() needs a path for a buffer without cache_path")
         st = self._st()
+        if self._seg_open or (self._writer is not None and len(self._writer)):
+            raise StorageStateError("ReplayBuffer.dumps() cannot be called while an episode is open (appended but "
+                                    "not ended); call mark_segment_end() (or abort_segment()) before dumping")
         if self.multiprocessing and self._own_segments:
             # every process kept its own copy of the storage's segment log: the shared table is the truth
             with self._state.locked():
@@ -699,6 +799,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
         st = st if self._stored_storage is None else self._stored_storage
         with self._state.locked():      # rows and counters from one instant, even while other processes commit
+            self._follow_growth()
             if own:
                 st.dumps(os.path.join(os.fspath(path), self.storage_path_relative))
                 self._write_metadata(path)
@@ -709,6 +810,13 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def close(self) -> None:
         """Releases the buffer; closes the storage when the buffer created or loaded it. Idempotent."""
+        if (self.multiprocessing and self.storage is not None and self._owns_storage and self.storage.capacity is None
+                and self.storage.is_mutable and not self.storage.is_closed):
+            try:
+                with self._state.locked():
+                    self._follow_growth()   # the storage's metadata records every row other processes added
+            except StorageStateError:
+                pass                        # a lock holder was killed: what the last commit persisted stays
         st, self.storage = self.storage, None
         if st is not None and self._owns_storage:
             on_disk = st if self._stored_storage is None else self._stored_storage
@@ -731,6 +839,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __getstate__(self) -> Dict[str, Any]:
         if not self.multiprocessing:
             return dict(self.__dict__)
+        self._hand_off()
         state = dict(self.__dict__)
         state["_writer"] = None
         state["_owns_storage"] = False
@@ -738,8 +847,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self.multiprocessing and self.storage is not None:
-            self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
+        if self.multiprocessing:
+            _SHARED.add(self)
+            if self.storage is not None:
+                self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
 
     # ------------------------------------------------------------------ durability and `with`
     @property

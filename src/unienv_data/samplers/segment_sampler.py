@@ -1,6 +1,6 @@
 """`SegmentSampler`: whole segments (episodes), uniformly over episodes or weighted by their length.
 
-Which segments. By default the recorded segments of `data.get_segments()` (complete episodes; logical ranges
+Which segments. By default the recorded segments of `data.episode_segments()` (complete episodes; logical ranges
 that stay right after a ring buffer wraps). Frames outside every recorded segment (an episode whose start the ring
 overwrote, an episode still being written) are left out unless `include_unrecorded=True`, which adds each maximal
 run of them as one segment. A batch without segment information is one segment. Segments shorter than

@@ -1,7 +1,7 @@
 """`SliceSampler`: random windows of consecutive steps (for sequence models), never crossing an episode edge.
 
 Anchoring policy. A window is the `window` consecutive frames `[s, s + window)`. The segments (episodes) are the
-batch's `get_segments()` partition (logical ranges, right across a ring buffer's wrap-around; frames outside every
+batch's `episode_segments()` partition (logical ranges, right across a ring buffer's wrap-around; frames outside every
 recorded segment are grouped as `unrecorded` says, see `unienv_data.batches._segments`; a batch without segments
 is one segment). By default (`partial=False`) `s` is drawn uniformly among all starts whose whole window lies in
 one segment, so every fitting window is equally likely (an episode of length `L` contributes `L - window + 1`

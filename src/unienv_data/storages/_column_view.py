@@ -52,6 +52,10 @@ class ColumnView(SpaceStorage[Any, Any, Any, Any, Any]):
         self._check_open()
         return self._parent.get_segments()  # type: ignore[no-any-return]
 
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        self._check_open()
+        return self._parent.episode_segments()  # type: ignore[no-any-return]
+
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         self._check_open()
         raise StorageStateError("a column view reads and writes rows only; build segments and change the length "

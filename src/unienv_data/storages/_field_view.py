@@ -58,6 +58,10 @@ class FieldView(SpaceStorage[Any, Any, Any, Any, Any]):
         self._check_open()
         return self._child.get_segments()
 
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        self._check_open()
+        return self._child.episode_segments()
+
     def _pick(self, data: Any) -> Any:
         for p in self._path:
             data = data[p]

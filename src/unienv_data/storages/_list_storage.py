@@ -328,13 +328,29 @@ class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         if not n:
             return
         self._check_owner("extend_length")
-        new_len = self._length + n
+        self._grow_to(self._length + n, False)
+
+    def _grow_to(self, new_len: int, written: bool) -> None:
         if new_len > self._written.shape[0]:  # grows geometrically, so appends stay amortised O(1)
             grown = np.zeros(max(new_len, 2 * self._written.shape[0], 64), dtype=bool)
             grown[:self._length] = self._written[:self._length]
             self._written = grown
+        self._written[self._length:new_len] = written
         self._length = new_len
         self._meta_dirty = True
+
+    @property
+    def _follows_shared_growth(self) -> bool:
+        return True     # rows are files and the length lives in memory: another process's growth is followed
+
+    def _follow_length(self, length: int, written: bool) -> None:
+        """Makes a growable storage shared by a multiprocessing buffer `length` rows long in this process (the
+        buffer's shared counters are the authority, so a pickled copy may do it too). Rows another process added
+        (`written`) count as written: their files exist, and a lost one is reported, not read as zeros."""
+        self._check_writable()
+        if self._capacity is not None or length <= self._length:
+            return
+        self._grow_to(length, bool(written))
 
     def shrink_length(self, length: int) -> None:
         """Removes `length` rows (and their files) from the end of a growable storage."""

@@ -287,7 +287,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     def _reconcile_segments(self) -> None:
         """Keeps only the segments every child recorded (the others were not fully committed everywhere)."""
-        logs = [(c, c.get_segments()) for c in self._storages]
+        logs = [(c, c.episode_segments()) for c in self._storages]
         known = [(c, segs) for c, segs in logs if segs is not None]
         if len(known) < 2:
             return
@@ -510,12 +510,20 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self._each_child("abort_segment")
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
-        """The segments every child records (they must agree; children keeping no segment information are
-        ignored); None when no child keeps any."""
+        """The children's `get_segments()` (they must agree; children returning None are ignored, as in unienv
+        0.0.1b16); None when every child returns None."""
+        return self._children_segments("get_segments")
+
+    def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
+        """The segments every child records (`episode_segments()`; they must agree; children keeping no segment
+        information are ignored); None when no child keeps any."""
+        return self._children_segments("episode_segments")
+
+    def _children_segments(self, method: str) -> Optional[List[Tuple[int, int]]]:
         self._check_open()
         found: Dict[str, List[Tuple[int, int]]] = {}
         for key, c in self._by_key.items():
-            segs = c.get_segments()
+            segs = getattr(c, method)()
             if segs is not None:
                 found[key] = [tuple(s) for s in segs]  # type: ignore[misc]
         if not found:

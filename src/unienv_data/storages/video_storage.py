@@ -88,6 +88,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     """
 
     frame_dtypes = ("uint8", "uint16")
+    _lists_segments = True      # unienv 0.0.1b16 lists a video storage's segments in get_segments()
 
     def __init__(self, single_instance_space: Space, directory: str, plan: CodecPlan, fps: Any,
                  capacity: Optional[int], length: int, index: RunFileIndex, segments: SegmentLog, *,

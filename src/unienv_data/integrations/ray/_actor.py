@@ -166,7 +166,7 @@ class BufferActor:
         # the view local samplers read (see _view): absolute row numbers continue those of an earlier incarnation
         buffer = self._buffer
         self._view = ViewWriter(self.directory)
-        tail = self._view.start(len(buffer), buffer.offset, buffer.capacity, buffer.get_segments() or [])
+        tail = self._view.start(len(buffer), buffer.offset, buffer.capacity, buffer.episode_segments() or [])
         self._abs_base = tail - buffer.total_written
 
     @property
@@ -213,7 +213,7 @@ class BufferActor:
                 upto = self._written
                 buffer = self.buffer
                 buffer.dumps()                   # data, then metadata by atomic rename
-                self._view.publish(self._tail(), len(buffer), buffer.capacity, buffer.get_segments() or [])
+                self._view.publish(self._tail(), len(buffer), buffer.capacity, buffer.episode_segments() or [])
                 self.dumps += 1
                 self.dump_s += time.perf_counter() - t0
             self._durable = upto
@@ -280,7 +280,7 @@ class BufferActor:
         self._settled()
         with self._lock:
             buffer = self.buffer
-            segs = buffer.get_segments()
+            segs = buffer.episode_segments()
             return {"length": len(buffer), "capacity": buffer.capacity, "directory": self.directory,
                     "segments": None if segs is None else len(segs), "space": self.space_json,
                     "reopened": self.reopened, "pid": os.getpid(), "commits": self.commits, "dumps": self.dumps,
@@ -300,7 +300,7 @@ class BufferActor:
         _ = self.buffer
         self._settled()
         with self._lock:
-            return self.buffer.get_segments()
+            return self.buffer.episode_segments()
 
     def read(self, start: int, stop: int) -> Any:
         """Logical rows `[start, stop)` (a copy, NumPy arrays in the space's structure)."""
@@ -354,7 +354,7 @@ class BufferActor:
         with self._lock:
             if self._direct is None:
                 storage = buffer.storage
-                if storage is None or buffer.multiprocessing or storage.get_segments() is None:
+                if storage is None or buffer.multiprocessing or storage.episode_segments() is None:
                     self._direct = (False, "the storage keeps no segment list of its own")
                 else:
                     targets, why = file_targets(storage, self.layout)
@@ -458,7 +458,7 @@ class BufferActor:
             if space_to_json(shard.single_space) != self.space_json:
                 raise ValueError(f"shard {path} stores another space than the service:\n  shard:   "
                                  f"{space_to_json(shard.single_space)}\n  service: {self.space_json}")
-            segs = shard.get_segments() or []
+            segs = shard.episode_segments() or []
             episodes = []
             if segs:
                 lo, hi = min(s for s, _ in segs), max(e for _, e in segs)
@@ -492,7 +492,7 @@ class BufferActor:
         version = (buffer.segments_version, n, buffer.offset, buffer.total_written)
         key, table = self._sample_cache
         if key != version:
-            segs = buffer.get_segments()
+            segs = buffer.episode_segments()
             table = None
             if segs is not None and segs != [(0, n)]:
                 starts = np.asarray([s for s, _ in segs], dtype=np.int64)

@@ -83,7 +83,7 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
     """Opens the storage holding the dataset's rows, read-only (see the module docstring)."""
     if plan.kind != "ReplayBuffer":
         ds = open_dataset(plan.path, plan.backend)
-        segs = ds.storage.get_segments()
+        segs = ds.storage.episode_segments()
         return TaskStorage(ds.storage, ds.backend, _runs_of(segs, ds.capacity), ds)
     meta_path = os.path.join(plan.path, _BUFFER_METADATA)
     meta = read_json(meta_path, "ReplayBuffer metadata")
@@ -109,7 +109,7 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
     if listed is not None and (maintain or not storage._has_persistent_segments()):
         recorded = _runs_of([tuple(p) for p in listed], cap)
     else:
-        recorded = _runs_of(storage.get_segments(), cap)
+        recorded = _runs_of(storage.episode_segments(), cap)
     return TaskStorage(storage, backend, recorded, storage)
 
 

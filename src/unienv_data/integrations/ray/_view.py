@@ -144,7 +144,7 @@ class ViewWriter:
     def publish(self, committed: int, count: int, capacity: Optional[int],
                 segments: Sequence[Tuple[int, int]]) -> None:
         """Lists the committed rows: `committed` is the absolute end of the rows written and durable, `count` the
-        buffer's length, `segments` its logical ``(start, end)`` episode ranges (as ``get_segments()`` gives them).
+        buffer's length, `segments` its logical ``(start, end)`` episode ranges (as ``episode_segments()`` gives them).
         Episodes that rows reserved for overwriting reach are left out."""
         self.committed = int(committed)
         self.reserved = max(self.reserved, self.committed)

@@ -49,6 +49,14 @@ def here() -> Dict[str, Any]:
     return run_scenarios(sys.executable, str(ROOT / "src"))
 
 
+#: scenarios whose answer differs from the reference on purpose (docs/differences.md): the reference's answer and why
+LISTED_DIFFERENCES = {
+    "dumps_with_open_episode": ({"first": "RuntimeError naming mark_segment_end", "listed": None},
+                                "without maintain_segment_metadata, dumps() with an open episode works here "
+                                "(reference-api.md section 7 item 25)"),
+}
+
+
 def test_known_answers(here: Dict[str, Any]) -> None:
     assert here["extends_are_segments"] == {"segments": [[0, 3], [3, 5]], "maintain": True}
     assert here["episodes_clip_the_oldest"]["segments"] == [[0, 1], [1, 4], [4, 8]]
@@ -61,7 +69,7 @@ def test_known_answers(here: Dict[str, Any]) -> None:
     assert here["dqn_loop_maintained"]["segments_after_end"] == [[0, 16]]
     assert here["multiprocessing_with_segment_metadata"] == "RuntimeError"
     assert here["unmaintained_segments"] == {"buffer": None, "storage": None, "open": False, "rows": [0.0, 1.0, 2.0]}
-    assert here["dumps_with_open_episode"] == {"first": "RuntimeError naming mark_segment_end", "listed": None}
+    assert here["dumps_with_open_episode"] == {"first": "dumped", "listed": None}     # reference: RuntimeError
     assert here["dumps_with_open_episode_maintained"] == {"first": "RuntimeError naming mark_segment_end",
                                                           "listed": [[0, 0]]}
     assert here["seeded_epoch_order"] == {"same": True, "is_permutation": True}
@@ -72,7 +80,9 @@ def test_known_answers(here: Dict[str, Any]) -> None:
 def test_same_results_as_the_reference(here: Dict[str, Any]) -> None:
     ref = run_scenarios(str(venv_python("unienv", "UNIENV_REFERENCE_PYTHON")))
     assert set(ref) == set(here)
-    diff = {k: {"reference": ref[k], "here": here[k]} for k in ref if ref[k] != here[k]}
+    for name, (reference_answer, why) in LISTED_DIFFERENCES.items():
+        assert ref[name] == reference_answer, f"{name}: the reference changed ({ref[name]}); {why}"
+    diff = {k: {"reference": ref[k], "here": here[k]} for k in ref if ref[k] != here[k] and k not in LISTED_DIFFERENCES}
     assert not diff, json.dumps(diff, indent=1)
 
 

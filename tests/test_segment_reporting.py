@@ -118,11 +118,29 @@ def test_buffer_with_maintained_segments_lists_them_in_both(tmp_path: Any) -> No
     rb.close()
 
 
-@pytest.mark.parametrize("maintain", [False, True])
-def test_dumps_refuses_an_open_episode(tmp_path: Any, maintain: bool) -> None:
+def test_dumps_with_an_open_episode_and_no_segment_metadata_writes_its_rows(tmp_path: Any) -> None:
+    d = tmp_path / "rb"               # reference-api.md section 7 item 25: a periodic checkpoint must not need the end
+    rb = ReplayBuffer.create(NPZStorage, VEC, cache_path=str(d), capacity=None, compressed=False)
+    rb.append(vec(1))
+    rb.append(vec(2))
+    rb.dumps()
+    rb.dumps(str(tmp_path / "elsewhere"))
+    for where in (d, tmp_path / "elsewhere"):
+        seen = ReplayBuffer.load_from(str(where), backend=NB)
+        assert seen.get_at(slice(None))[:, 0].tolist() == [1.0, 2.0] and seen.episode_segments() == []
+        seen.close()
+    rb.append(vec(3))
+    rb.mark_segment_end()             # the episode is recorded when it ends
+    rb.close()
+    again = ReplayBuffer.load_from(str(d), backend=NB)
+    assert again.episode_segments() == [(0, 3)] and again.get_at(slice(None))[:, 0].tolist() == [1.0, 2.0, 3.0]
+    again.close()
+
+
+def test_dumps_with_segment_metadata_refuses_an_open_episode(tmp_path: Any) -> None:
     d = tmp_path / "rb"
     rb = ReplayBuffer.create(NPZStorage, VEC, cache_path=str(d), capacity=None, compressed=False,
-                             maintain_segment_metadata=maintain)
+                             maintain_segment_metadata=True)
     rb.append(vec(1))
     rb.append(vec(2))
     with pytest.raises(RuntimeError, match="mark_segment_end"):
@@ -205,8 +223,7 @@ def test_appends_are_readable_at_once_until_the_buffer_goes_to_another_process(t
     rb.append(np.array([0, 0], np.float32))
     rb.append(np.array([1, 0], np.float32))
     assert len(rb) == 2 and rb.get_at(1).tolist() == [1.0, 0.0] and rb.open_segment_length == 2
-    with pytest.raises(RuntimeError, match="mark_segment_end"):
-        rb.dumps()
+    rb.dumps()                              # the open rows are written; the episode is recorded when it ends
     p = mp.get_context(method).Process(target=_writer, args=(rb, 1))
     p.start()                               # the buffer goes to the child: the open episode turns private
     p.join(60)

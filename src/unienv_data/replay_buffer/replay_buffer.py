@@ -777,17 +777,22 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self._disk_meta = meta
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
-        """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). Refused with
-        `StorageStateError` (a `RuntimeError`, as in unienv 0.0.1b16) while this process has an episode open
-        (appended but not ended): call `mark_segment_end()` (or `abort_segment()`) first. An ended episode of a
-        buffer with a `cache_path` is on disk already (see `durable`)."""
+        """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). An ended episode of
+        a buffer with a `cache_path` is on disk already (see `durable`).
+
+        While this process has an episode open (appended but not ended): with `maintain_segment_metadata=True`,
+        refused with `StorageStateError` (a `RuntimeError`, as in unienv 0.0.1b16: the buffer's segment list has no
+        place for an open episode), so call `mark_segment_end()` (or `abort_segment()`) first; without it (the
+        default), the open episode's rows are written and it is recorded when it ends (a periodic checkpoint of a
+        running collector works; unienv 0.0.1b16 refused it, reference-api.md section 7 item 25)."""
         path = self.cache_path if path is None else path
         if path is None:
             raise ValueError("dumps() needs a path for a buffer without cache_path")
         st = self._st()
-        if self._seg_open or (self._writer is not None and len(self._writer)):
-            raise StorageStateError("ReplayBuffer.dumps() cannot be called while an episode is open (appended but "
-                                    "not ended); call mark_segment_end() (or abort_segment()) before dumping")
+        if self._maintain and (self._seg_open or (self._writer is not None and len(self._writer))):
+            raise StorageStateError("ReplayBuffer.dumps() with maintain_segment_metadata=True cannot be called while "
+                                    "an episode is open (appended but not ended); call mark_segment_end() (or "
+                                    "abort_segment()) before dumping")
         if self.multiprocessing and self._own_segments:
             # every process kept its own copy of the storage's segment log: the shared table is the truth
             with self._state.locked():

@@ -50,9 +50,14 @@ from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, EncodedFile, Fram
 from ._video_decode import DecoderCache
 from ._video_index import EpisodeFile, RunFileIndex
 from ._video_layout import (METADATA_FIELDS, METADATA_FILE, REFERENCE_INDEX_FILE, VideoLayout, dump_files,
-                            new_file_name, orphan_names, parse_metadata, parse_reference, verify_files)
+                            new_file_name, orphan_names, parse_metadata, parse_reference, settle_names, verify_files,
+                            write_reference_index)
 from ._video_options import buffer_format_for, runtime_options
 from ._video_writer import VideoSegmentWriter
+
+
+#: frames decoded and re-encoded at a time when a partly overwritten file is trimmed
+_TRIM_CHUNK = 64
 
 
 @register_storage
@@ -273,6 +278,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _write_metadata(self) -> None:
         atomic_write_json(self._meta_path, self._metadata())
         self._meta_dirty = False
+        write_reference_index(self._dir, self._index, self._capacity)
 
     # ------------------------------------------------------------------ encoders
     def _new_encoder(self) -> FrameEncoder:
@@ -309,22 +315,22 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ committing files
     def _install(self, encoded: List[Tuple[EncodedFile, np.ndarray]],
-                 record: Optional[Tuple[int, int]] = None) -> None:
-        """Renames encoded temporary files into place for their rows, records `record` as a segment, and writes the
-        metadata: all or nothing. Files no row reads any more are deleted afterwards."""
+                 record: Optional[Tuple[int, int]] = None, freed: Optional[List[EpisodeFile]] = None) -> None:
+        """Renames encoded temporary files into place for their rows, trims the files they partly overwrite (see
+        `_trim_partly_served`), records `record` as a segment, and writes the metadata: all or nothing. Files no row
+        reads any more (and `freed`, released by the caller) are deleted afterwards, then `~<k>` names are settled."""
         snap = self._index.snapshot()
         seg_runs = self._segments.runs()
         taken = set(self._index.names())
         placed: List[str] = []
-        freed: List[EpisodeFile] = []
+        freed = list(freed or [])
+        trims: List[Tuple[EncodedFile, np.ndarray]] = []
         try:
             for enc, rows in encoded:
-                name = new_file_name(self._dir, rows, self._plan.file_ext, taken)
-                taken.add(name)
-                final = os.path.join(self._dir, name)
-                os.replace(enc.path, final)
-                placed.append(final)
-                freed += self._index.place(EpisodeFile(name, enc.frames, enc.nbytes, keyframes=enc.keyframes), rows)
+                freed += self._place(enc, rows, taken, placed)
+            trims = self._trim_partly_served()
+            for enc, rows in trims:
+                freed += self._place(enc, rows, taken, placed)
             if record is not None:
                 self._segments.add(*record)
             self._write_metadata()
@@ -336,10 +342,87 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             self._segments = log
             for p in placed:
                 remove_quietly(p)
-            for enc, _rows in encoded:
+            for enc, _rows in encoded + trims:
                 remove_quietly(enc.path)
             raise
         self._delete_files(freed)
+        self._settle_names()
+
+    def _place(self, enc: EncodedFile, rows: np.ndarray, taken: set, placed: List[str]) -> List[EpisodeFile]:
+        """Renames one encoded file into place under a new name and points `rows` at it; returns the files freed."""
+        name = new_file_name(self._dir, rows, self._plan.file_ext, taken)
+        taken.add(name)
+        final = os.path.join(self._dir, name)
+        os.replace(enc.path, final)
+        placed.append(final)
+        return self._index.place(EpisodeFile(name, enc.frames, enc.nbytes, keyframes=enc.keyframes), rows)
+
+    def _trim_partly_served(self) -> List[Tuple[EncodedFile, np.ndarray]]:
+        """New files for the rows that still read a partly overwritten file (one per run of consecutive frames), so
+        that every file serves exactly the rows its name says, which is how the reference `unienv` reads a directory.
+        Lossless storages only: their frames re-encode bit-exactly, so no row changes value (a lossy re-encode would;
+        such a file is kept and left out of episode_index.json instead). Decoded and encoded in chunks."""
+        if not self._plan.exact or self._read_only:
+            return []
+        partial = {fid for fid, f in self._index.files.items() if f.refs < f.frames}
+        if not partial:
+            return []
+        by_name = self._index.names()
+        pieces = [[row, n, by_name[name], first] for row, n, name, first in self._index.runs() if by_name[name] in partial]
+        cap = self._capacity
+        if cap is not None:     # a run that goes on past the ring's end stays one (wrapped) file, as it was written
+            heads = {(fid, first): k for k, (row, n, fid, first) in enumerate(pieces) if row == 0}
+            for piece in pieces:
+                k = heads.get((piece[2], piece[3] + piece[1])) if piece[0] + piece[1] == cap else None
+                if k is not None and pieces[k] is not piece and pieces[k][1]:
+                    piece[1] += pieces[k][1]
+                    pieces[k][1] = 0
+        out: List[Tuple[EncodedFile, np.ndarray]] = []
+        try:
+            for row, n, fid, first in pieces:
+                if not n:
+                    continue
+                enc = self._new_encoder()
+                try:
+                    for k in range(0, n, _TRIM_CHUNK):
+                        m = min(_TRIM_CHUNK, n - k)
+                        buf = self._zeros(m)
+                        self._decoders.read_file(self._index.files[fid], list(range(first + k, first + k + m)), buf,
+                                                 list(range(m)))
+                        for j in range(m):
+                            enc.add(buf[j])
+                    out.append((enc.finish(), ring_positions(row, n, cap)))
+                except BaseException:
+                    enc.discard()
+                    raise
+        except BaseException:
+            for enc_file, _rows in out:
+                remove_quietly(enc_file.path)
+            raise
+        return out
+
+    def _settle_names(self) -> None:
+        """Gives files placed under `<start>_<end>~<k>` (the plain name was still taken when they were placed) their
+        plain name once it is free: link, record in the metadata, then delete the old name (a crash at any moment
+        leaves every name the metadata lists present)."""
+        names = sorted(n for n in self._index.names() if "~" in n)
+        if not names:
+            return
+        settled = settle_names(self._dir, names, self._index.names())
+        if not settled:
+            return
+        renamed = [(f, f.name) for f in self._index.files.values() if f.name in settled]
+        for f, old in renamed:
+            f.name = settled[old]
+        try:
+            self._write_metadata()
+        except BaseException:
+            for f, old in renamed:
+                remove_quietly(os.path.join(self._dir, f.name))
+                f.name = old
+            raise
+        for old in settled:
+            remove_quietly(os.path.join(self._dir, old))
 
     def _delete_files(self, files: List[EpisodeFile]) -> None:
         live = set(self._index.names())
@@ -505,11 +588,20 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         new_len = self._shrunk_length(length)
         if new_len is None:
             return
+        snap, seg_runs, old_len = self._index.snapshot(), self._segments.runs(), self._length
         freed = self._index.resize(new_len)
         self._length = new_len
         self._segments.truncate(new_len)
-        self._write_metadata()
-        self._delete_files(freed)
+        try:
+            self._install([], freed=freed)   # a file cut by the new end is trimmed (lossless storages)
+        except BaseException:
+            self._index.restore(snap)
+            self._length = old_len
+            log = SegmentLog(self._capacity, seg_runs)
+            log.version = self._segments.version + 1
+            self._segments = log
+            self._meta_dirty = True
+            raise
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every file (all rows read as zeros again) and empties
@@ -531,7 +623,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         part of it. Dumping again into the same directory reuses files it already holds."""
         target = self._dump_target(path)
         if target is not None:
-            dump_files(self._dir, self._index, target, self._metadata)
+            dump_files(self._dir, self._index, target, self._metadata, self._capacity)
 
     def orphan_files(self) -> List[str]:
         """Files in the directory that no row reads from (left by an interrupted write or crash); safe to delete when

@@ -14,9 +14,9 @@ Layout of the storage directory::
 
 The reference reads a file named `<start>_<end>` as frames 0.. of rows start..end. A file here may serve fewer rows
 (partly overwritten) or carry a `~<k>` name; `reference_ranges` leaves those out of `episode_index.json`, so the
-reference never reads them (it raises for their rows instead of reading wrong frames). The storage trims partly
-overwritten files of lossless storages and renames `~<k>` files once their plain name is free (see `settle_names`),
-so in practice every row of a lossless storage is listed.
+reference never reads them (it raises for their rows instead of reading wrong frames). `dumps` / `close` trim partly
+overwritten files of lossless storages, and `~<k>` files take their plain name once it is free (`settle_names`), so
+after a dump every row of a lossless storage is listed.
 """
 from __future__ import annotations
 

@@ -12,8 +12,13 @@ Writing. A segment writer (`open_segment_writer`) and an append-built segment (`
 place and the metadata (one JSON file, replaced atomically) starts listing it. Before that nothing of it is
 visible, and a crash leaves only an ignored temporary file. `set` encodes every contiguous run of the written rows
 into one new file the same way. Rows of older files that a new file covers are re-pointed to the new file; an older
-file keeps serving its other rows unchanged (no re-encoding, so no generation loss) and is deleted once no row
-reads from it.
+file keeps serving its other rows unchanged (a commit re-encodes nothing) and is deleted once no row reads from it.
+
+Files for the reference `unienv`, which reads `<start>_<end>.<ext>` as exactly rows start..end: every metadata
+write also writes `episode_index.json` listing the files that serve exactly the rows of their name; `dumps` and
+`close` re-encode the rest of each partly overwritten file of a lossless storage bit-exactly into files named for
+its remaining rows (`_trim_for_reference`); a file placed as `<start>_<end>~<k>` (its plain name still in use) takes
+the plain name once that is free (`_settle_names`).
 
 Reading. Every file records its keyframes while it is written and random access is exact (see `_video_decode`). A
 batch read decodes each file once and puts the rows back in the caller's order.
@@ -23,7 +28,8 @@ say which one was chosen and why the others were skipped.
 
 Limits (documented rather than silently worked around): rows of the open append-built segment cannot be read or
 `set` until `mark_segment_end` (StorageStateError); a `set` with scattered indices makes one small file per
-contiguous run; partly overwritten files keep their bytes on disk until fully replaced; the storage is written by one
+contiguous run; partly overwritten files of a lossy storage keep their bytes on disk until fully replaced (and the
+reference, which they are hidden from, raises for their rows); the storage is written by one
 process (`multiprocessing=True` only for read-only opens); decoding runs on the CPU.
 """
 from __future__ import annotations
@@ -315,21 +321,16 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ committing files
     def _install(self, encoded: List[Tuple[EncodedFile, np.ndarray]],
-                 record: Optional[Tuple[int, int]] = None, freed: Optional[List[EpisodeFile]] = None) -> None:
-        """Renames encoded temporary files into place for their rows, trims the files they partly overwrite (see
-        `_trim_partly_served`), records `record` as a segment, and writes the metadata: all or nothing. Files no row
-        reads any more (and `freed`, released by the caller) are deleted afterwards, then `~<k>` names are settled."""
+                 record: Optional[Tuple[int, int]] = None) -> None:
+        """Renames encoded temporary files into place for their rows, records `record` as a segment, and writes the
+        metadata: all or nothing. Files no row reads any more are deleted afterwards, then `~<k>` names settled."""
         snap = self._index.snapshot()
         seg_runs = self._segments.runs()
         taken = set(self._index.names())
         placed: List[str] = []
-        freed = list(freed or [])
-        trims: List[Tuple[EncodedFile, np.ndarray]] = []
+        freed: List[EpisodeFile] = []
         try:
             for enc, rows in encoded:
-                freed += self._place(enc, rows, taken, placed)
-            trims = self._trim_partly_served()
-            for enc, rows in trims:
                 freed += self._place(enc, rows, taken, placed)
             if record is not None:
                 self._segments.add(*record)
@@ -342,7 +343,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             self._segments = log
             for p in placed:
                 remove_quietly(p)
-            for enc, _rows in encoded + trims:
+            for enc, _rows in encoded:
                 remove_quietly(enc.path)
             raise
         self._delete_files(freed)
@@ -357,13 +358,22 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         placed.append(final)
         return self._index.place(EpisodeFile(name, enc.frames, enc.nbytes, keyframes=enc.keyframes), rows)
 
+    def _trim_for_reference(self) -> None:
+        """Trims every partly overwritten file (`_trim_partly_served`) in one all-or-nothing commit. Run by `dumps`
+        and `close`, not by every commit: on a ring most partly overwritten files are soon overwritten whole, and
+        until then episode_index.json leaves them out (the reference raises for their rows, never misreads them)."""
+        if self._read_only or not self._plan.exact:
+            return
+        trims = self._trim_partly_served()
+        if trims:
+            self._install(trims)
+
     def _trim_partly_served(self) -> List[Tuple[EncodedFile, np.ndarray]]:
-        """New files for the rows that still read a partly overwritten file (one per run of consecutive frames), so
-        that every file serves exactly the rows its name says, which is how the reference `unienv` reads a directory.
-        Lossless storages only: their frames re-encode bit-exactly, so no row changes value (a lossy re-encode would;
-        such a file is kept and left out of episode_index.json instead). Decoded and encoded in chunks."""
-        if not self._plan.exact or self._read_only:
-            return []
+        """New files for the rows that still read a partly overwritten file (one per run of consecutive frames, a
+        run across the ring's end staying one wrapped file), so that every file serves exactly the rows its name
+        says, which is how the reference `unienv` reads a directory. Lossless storages only: their frames re-encode
+        bit-exactly, so no row changes value (a lossy re-encode would; such a file is kept and left out of
+        episode_index.json instead). Decoded and encoded in chunks."""
         partial = {fid for fid, f in self._index.files.items() if f.refs < f.frames}
         if not partial:
             return []
@@ -588,20 +598,11 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         new_len = self._shrunk_length(length)
         if new_len is None:
             return
-        snap, seg_runs, old_len = self._index.snapshot(), self._segments.runs(), self._length
         freed = self._index.resize(new_len)
         self._length = new_len
         self._segments.truncate(new_len)
-        try:
-            self._install([], freed=freed)   # a file cut by the new end is trimmed (lossless storages)
-        except BaseException:
-            self._index.restore(snap)
-            self._length = old_len
-            log = SegmentLog(self._capacity, seg_runs)
-            log.version = self._segments.version + 1
-            self._segments = log
-            self._meta_dirty = True
-            raise
+        self._write_metadata()
+        self._delete_files(freed)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every file (all rows read as zeros again) and empties
@@ -621,6 +622,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Writes the committed state to `path`: its own directory only flushes the metadata; another directory gets
         copies (hard links where possible) of the files and its own metadata. An open append-built segment is not
         part of it. Dumping again into the same directory reuses files it already holds."""
+        self._check_open()
+        self._trim_for_reference()
         target = self._dump_target(path)
         if target is not None:
             dump_files(self._dir, self._index, target, self._metadata, self._capacity)
@@ -649,6 +652,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             return
         try:
             self._discard_encoders()
+            self._trim_for_reference()
             if not self._read_only and self._meta_dirty:
                 self._write_metadata()
         finally:

@@ -621,7 +621,9 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def dumps(self, path: PathLike) -> None:
         """Writes the committed state to `path`: its own directory only flushes the metadata; another directory gets
         copies (hard links where possible) of the files and its own metadata. An open append-built segment is not
-        part of it. Dumping again into the same directory reuses files it already holds."""
+        part of it. Dumping again into the same directory reuses files it already holds. Partly overwritten files of
+        a lossless storage are first re-encoded bit-exactly into files named for the rows they still serve, so the
+        reference `unienv` reads every row (one all-or-nothing commit; `_trim_for_reference`)."""
         self._check_open()
         self._trim_for_reference()
         target = self._dump_target(path)
@@ -646,15 +648,18 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return removed
 
     def close(self) -> None:
-        """Drops the open append-built segment and the files of open writers (their commit then raises), writes
-        pending metadata, and closes the decoders. Idempotent."""
+        """Drops the open append-built segment and the files of open writers (their commit then raises), trims
+        partly overwritten files of a lossless storage for the reference (see `dumps`), writes pending metadata, and
+        closes the decoders. Idempotent."""
         if self._closed:
             return
         try:
             self._discard_encoders()
-            self._trim_for_reference()
-            if not self._read_only and self._meta_dirty:
-                self._write_metadata()
+            try:
+                self._trim_for_reference()
+            finally:
+                if not self._read_only and self._meta_dirty:
+                    self._write_metadata()
         finally:
             self._decoders.close_all()
             self._closed = True

@@ -161,19 +161,17 @@ def plain_name(name: str) -> str:
 
 def reference_ranges(index: RunFileIndex, capacity: Optional[int]) -> List[List[int]]:
     """`[[start, end], ...]` (sorted by start) of the files the reference reads correctly: every frame still served
-    by the rows its plain name `<start>_<end>` says, in order."""
+    by the rows its plain name `<start>_<end>` says. A file is placed on consecutive rows named by the first and last
+    (frame k on the k-th row) and a row only ever leaves it, so it serves all of them while every frame has a row."""
     out: List[List[int]] = []
-    for fid, f in index.files.items():
+    for f in index.files.values():
         if f.refs != f.frames or "~" in f.name:
             continue
         try:
             s, e = (int(v) for v in f.name.rsplit(".", 1)[0].split("_"))
         except ValueError:
             continue
-        rows = ring_positions(s, f.frames, capacity)
-        if (run_length(s, e, capacity) == f.frames and rows.size and int(rows[-1]) == e
-                and np.all(index.row_file[rows] == fid)
-                and np.array_equal(index.row_frame[rows], np.arange(f.frames))):
+        if run_length(s, e, capacity) == f.frames:
             out.append([s, e])
     return sorted(out)
 

@@ -227,3 +227,35 @@ def test_sigkill_during_ring_commits_and_trimming_dumps_keeps_committed_rows(tmp
         st.close()
         if (other / "video_metadata.json").exists():
             VideoStorage.load_from(other, space).close()
+
+
+def test_growable_shrink_and_same_range_set_leave_reference_names_after_dumps(tmp_path: Path) -> None:
+    """A growable lossless storage: a file cut by `shrink_length` and a file split by `set` serve fewer rows than their
+    name says until `dumps`, which re-encodes their remaining rows bit-exactly into files named for them; values here
+    never change and episode_index.json then lists a file for every written row."""
+    require_module("av", "video")
+    from unienv_data.storages.video_storage import VideoStorage
+    st = VideoStorage.create(BoxSpace(NB, 0, 255, np.uint8, shape=(6, 8)), cache_path=tmp_path / "g", codec="ffv1",
+                             file_ext="mkv")
+    rng = np.random.default_rng(3)
+    st.mark_segment_start(0)
+    for f in _frames(rng, 10, (6, 8)):
+        st.append(f)
+    st.mark_segment_end()
+    st.set(slice(3, 5), _frames(rng, 2, (6, 8)))
+    st.shrink_length(2)                                 # rows 0..7 remain
+    before = st.get_numpy(np.arange(len(st)))
+    assert st.files == ["0_9.mkv", "3_4.mkv"]
+    with open(tmp_path / "g" / "episode_index.json") as fh:
+        assert json.load(fh) == {"file_ranges": [[3, 4]]}     # the cut file is hidden from the reference
+    st.dumps(tmp_path / "g")
+    assert st.files == ["0_2.mkv", "3_4.mkv", "5_7.mkv"]
+    np.testing.assert_array_equal(st.get_numpy(np.arange(len(st))), before)
+    with open(tmp_path / "g" / "episode_index.json") as fh:
+        assert json.load(fh) == {"file_ranges": [[0, 2], [3, 4], [5, 7]]}
+    st.close()
+    back = VideoStorage.load_from(tmp_path / "g", BoxSpace(NB, 0, 255, np.uint8, shape=(6, 8)))
+    np.testing.assert_array_equal(back.get_numpy(np.arange(len(back))), before)
+    assert sorted(os.listdir(tmp_path / "g")) == ["0_2.mkv", "3_4.mkv", "5_7.mkv", "episode_index.json",
+                                                   "video_metadata.json"]
+    back.close()

@@ -37,8 +37,10 @@ needs_reference = pytest.mark.skipif(not has_venv("unienv", "UNIENV_REFERENCE_PY
 
 
 def reference_open(requests: List[Dict[str, Any]], tmp: Path) -> List[Dict[str, Any]]:
+    # without PYTHONPATH: a PYTHONPATH pointing at this project's src/ would make the "reference" import our package
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([str(venv_python("unienv", "UNIENV_REFERENCE_PYTHON")), str(SCRIPT), json.dumps(requests)],
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp))
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp), env=env)
     assert proc.returncode == 0, f"the reference opener failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -385,7 +385,7 @@ def test_writers_encode_while_appending_and_show_nothing_before_commit(tmp_path:
     w3.abort()
     assert st.episode_segments() == [(2, 6), (18, 0)]   # position order
     assert st.files == ["18_0.mkv", "2_6.mkv"]
-    assert listing(st) == ["18_0.mkv", "2_6.mkv", "video_metadata.json"]  # the aborted temp file is gone
+    assert listing(st) == ["18_0.mkv", "2_6.mkv", "episode_index.json", "video_metadata.json"]  # the aborted temp file is gone
     np.testing.assert_array_equal(st.get([18, 19, 0]), b)
     np.testing.assert_array_equal(st.get(slice(2, 7)), a)
     with pytest.raises(StorageStateError):
@@ -423,13 +423,13 @@ def test_abort_and_close_leave_no_files_and_no_visible_rows(tmp_path: Any) -> No
         st.append(f)
     assert any(n.startswith(".active-") for n in listing(st))
     st.abort_segment()
-    assert listing(st) == ["0_1.mkv", "video_metadata.json"]
+    assert listing(st) == ["0_1.mkv", "episode_index.json", "video_metadata.json"]
     w = st.open_segment_writer()
     w.append(noise_frames(1)[0])
     st.mark_segment_start(6)
     st.append(noise_frames(1)[0])
     st.close()
-    assert listing(VideoStorage.load_from(st.cache_filename, RGB)) == ["0_1.mkv", "video_metadata.json"]
+    assert listing(VideoStorage.load_from(st.cache_filename, RGB)) == ["0_1.mkv", "episode_index.json", "video_metadata.json"]
     with pytest.raises(StorageStateError, match="close"):
         w.commit(3)
 
@@ -454,10 +454,10 @@ def test_set_runs_replace_overlapping_files_without_reencoding_survivors(tmp_pat
     np.testing.assert_array_equal(st.get(slice(0, 20)), expect)
     d = noise_frames(20, 4)
     st.set(Ellipsis, d)  # a full rewrite leaves one file; every older file is deleted from disk
-    assert st.files == ["0_19.mkv"] and listing(st) == ["0_19.mkv", "video_metadata.json"]
+    assert st.files == ["0_19.mkv"] and listing(st) == ["0_19.mkv", "episode_index.json", "video_metadata.json"]
     np.testing.assert_array_equal(st.get(Ellipsis), d)
-    st.set(slice(0, 20), d[::-1].copy())  # same range again: the new file takes another name, the old one goes
-    assert len(st.files) == 1 and st.files[0] != "0_19.mkv"
+    st.set(slice(0, 20), d[::-1].copy())  # same range again: placed as 0_19~1, renamed 0_19 once the old one is gone
+    assert st.files == ["0_19.mkv"] and listing(st) == ["0_19.mkv", "episode_index.json", "video_metadata.json"]
     np.testing.assert_array_equal(st.get(Ellipsis), d[::-1])
 
 
@@ -473,7 +473,7 @@ def test_growable_storage_grows_and_shrinks_files(tmp_path: Any) -> None:
     st.shrink_length(3)
     assert len(st) == 5 and st.files == ["0_5.mkv"] and st.episode_segments() == []
     st.shrink_length(5)
-    assert st.files == [] and listing(st) == ["video_metadata.json"]
+    assert st.files == [] and listing(st) == ["episode_index.json", "video_metadata.json"]
 
 
 # ---------------------------------------------------------------------------------------------------- persistence
@@ -493,7 +493,7 @@ def test_dumps_to_another_directory_and_again(tmp_path: Any) -> None:
     back2 = VideoStorage.load_from(target, RGB)
     np.testing.assert_array_equal(back2.get(slice(0, 6)), b)
     np.testing.assert_array_equal(back2.get(slice(6, 12)), a[6:])
-    assert sorted(os.listdir(target)) == sorted(back2.files + ["video_metadata.json"])
+    assert sorted(os.listdir(target)) == sorted(back2.files + ["episode_index.json", "video_metadata.json"])
     np.testing.assert_array_equal(back.get(slice(6, 12)), a[6:])  # an older reader of the target still works
 
 
@@ -575,8 +575,8 @@ def test_crash_leftovers_are_ignored_on_load(tmp_path: Any) -> None:
     np.testing.assert_array_equal(back.get(slice(5, 10)), np.zeros((5, H, W, 3), np.uint8))
     orphans = back.orphan_files()
     assert "5_9.mkv" in orphans and any(n.startswith(".active-") for n in orphans)
-    write_segment(back, 5, a)  # its name is taken by the orphan: the new file gets another one
-    assert back.files[1].startswith("5_9~")
+    write_segment(back, 5, a)  # placed as 5_9~1 (the orphan holds 5_9), then renamed over the orphan
+    assert back.files == ["0_4.mkv", "5_9.mkv"] and "5_9.mkv" not in back.orphan_files()
     np.testing.assert_array_equal(back.get(slice(5, 10)), a)
     w.abort()
 

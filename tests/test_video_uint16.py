@@ -204,8 +204,10 @@ needs_reference = pytest.mark.skipif(not has_venv("unienv", "UNIENV_REFERENCE_PY
 
 
 def _run_reference(args: List[str], cwd: Path) -> Any:
+    # without PYTHONPATH: one pointing at this project's src/ would make the "reference" import our package
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([str(venv_python("unienv", "UNIENV_REFERENCE_PYTHON"))] + args, capture_output=True,
-                          text=True, timeout=300, cwd=str(cwd))
+                          text=True, timeout=300, cwd=str(cwd), env=env)
     assert proc.returncode == 0, f"the reference failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

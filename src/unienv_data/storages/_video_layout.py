@@ -9,6 +9,14 @@ Layout of the storage directory::
     <start>_<end>.<ext>     one video per committed segment / written run, rows start..end inclusive (end < start
                             when the run wraps the ring); "<start>_<end>~<k>.<ext>" when that name is still in use
     .active-*.tmp.<ext>     files being encoded; never listed in the metadata, ignored by loads
+    episode_index.json      for the reference `unienv`: `{"file_ranges": [[start, end], ...]}` of the files that
+                            serve exactly the rows their plain `<start>_<end>` name says (written after the metadata)
+
+The reference reads a file named `<start>_<end>` as frames 0.. of rows start..end. A file here may serve fewer rows
+(partly overwritten) or carry a `~<k>` name; `reference_ranges` leaves those out of `episode_index.json`, so the
+reference never reads them (it raises for their rows instead of reading wrong frames). `dumps` / `close` trim partly
+overwritten files of lossless storages, and `~<k>` files take their plain name once it is free (`settle_names`), so
+after a dump every row of a lossless storage is listed.
 """
 from __future__ import annotations
 
@@ -145,6 +153,54 @@ def new_file_name(directory: str, rows: np.ndarray, ext: str, taken: set) -> str
     return name
 
 
+def plain_name(name: str) -> str:
+    """`<start>_<end>.<ext>` of a file name that may carry a `~<k>` suffix."""
+    stem, ext = name.rsplit(".", 1)
+    return f"{stem.split('~')[0]}.{ext}"
+
+
+def reference_ranges(index: RunFileIndex, capacity: Optional[int]) -> List[List[int]]:
+    """`[[start, end], ...]` (sorted by start) of the files the reference reads correctly: every frame still served
+    by the rows its plain name `<start>_<end>` says. A file is placed on consecutive rows named by the first and last
+    (frame k on the k-th row) and a row only ever leaves it, so it serves all of them while every frame has a row."""
+    out: List[List[int]] = []
+    for f in index.files.values():
+        if f.refs != f.frames or "~" in f.name:
+            continue
+        try:
+            s, e = (int(v) for v in f.name.rsplit(".", 1)[0].split("_"))
+        except ValueError:
+            continue
+        if run_length(s, e, capacity) == f.frames:
+            out.append([s, e])
+    return sorted(out)
+
+
+def write_reference_index(directory: str, index: RunFileIndex, capacity: Optional[int]) -> None:
+    """Writes `episode_index.json` (atomically) listing `reference_ranges`: the reference reads only the files it
+    lists (when they all exist) instead of every `*_*.<ext>` file of the directory."""
+    atomic_write_json(os.path.join(directory, REFERENCE_INDEX_FILE),
+                      {"file_ranges": reference_ranges(index, capacity)})
+
+
+def settle_names(directory: str, names: List[str], live: Any) -> Dict[str, str]:
+    """For each `~<k>` name of `names` whose plain name no file of `live` uses: links (copies where links are
+    refused) the file to its plain name, replacing a leftover there that no row reads. Returns `{old: plain}` of
+    the files now present under both names; the caller records the plain names (metadata) and then deletes the old
+    ones, so a crash at any moment leaves every listed name present."""
+    done: Dict[str, str] = {}
+    for name in names:
+        plain = plain_name(name)
+        if plain == name or plain in live or plain in done.values():
+            continue
+        try:
+            place_copy(os.path.join(directory, name), os.path.join(directory, plain))
+        except OSError:
+            continue    # keeps its `~<k>` name (left out of episode_index.json)
+        done[name] = plain
+    return done
+
+
 def orphan_names(directory: str, live: Any, ext: str) -> List[str]:
     """Video and temporary files of the directory that are not in `live` (the files rows read from)."""
     return sorted(n for n in os.listdir(directory)
@@ -152,10 +208,12 @@ def orphan_names(directory: str, live: Any, ext: str) -> List[str]:
 
 
 def dump_files(directory: str, index: RunFileIndex, target: str,
-               metadata: Callable[[Dict[str, str]], Dict[str, Any]]) -> None:
+               metadata: Callable[[Dict[str, str]], Dict[str, Any]], capacity: Optional[int]) -> None:
     """Copies (hard-links where possible) the files of `index` from `directory` into the directory `target`, then
     writes `metadata(rename)` there (`rename`: file name here -> name there) and deletes the files an earlier dump
-    left there that the new metadata does not list. Files already there with the same content and size are reused."""
+    left there that the new metadata does not list. Files already there with the same content and size are reused.
+    A file copied under a `~<k>` name (its plain name was taken by an earlier dump's file) is given its plain name
+    once that file is gone; `episode_index.json` is written last."""
     old_files: Dict[str, Tuple[str, int]] = {}
     old_meta_path = os.path.join(target, METADATA_FILE)
     if os.path.exists(old_meta_path):
@@ -187,7 +245,19 @@ def dump_files(directory: str, index: RunFileIndex, target: str,
     for name in old_files:
         if name not in used:
             remove_quietly(os.path.join(target, name))
+    settled = settle_names(target, sorted(used), used)
+    if settled:
+        rename = {k: settled.get(v, v) for k, v in rename.items()}
+        atomic_write_json(old_meta_path, metadata(rename))
+        for name in settled:
+            remove_quietly(os.path.join(target, name))
+    there = RunFileIndex(index.n_rows)
+    there.row_file, there.row_frame = index.row_file, index.row_frame
+    for fid, f in index.files.items():
+        there.files[fid] = EpisodeFile(rename[f.name], f.frames, f.nbytes, f.uid, f.keyframes, f.refs)
+    write_reference_index(target, there, capacity)
 
 
 __all__ = ["METADATA_FILE", "REFERENCE_INDEX_FILE", "METADATA_FIELDS", "VideoLayout", "parse_metadata",
-           "parse_reference", "verify_files", "new_file_name", "orphan_names", "dump_files"]
+           "parse_reference", "verify_files", "new_file_name", "plain_name", "reference_ranges", "write_reference_index",
+           "settle_names", "orphan_names", "dump_files"]

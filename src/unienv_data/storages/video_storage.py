@@ -12,8 +12,13 @@ Writing. A segment writer (`open_segment_writer`) and an append-built segment (`
 place and the metadata (one JSON file, replaced atomically) starts listing it. Before that nothing of it is
 visible, and a crash leaves only an ignored temporary file. `set` encodes every contiguous run of the written rows
 into one new file the same way. Rows of older files that a new file covers are re-pointed to the new file; an older
-file keeps serving its other rows unchanged (no re-encoding, so no generation loss) and is deleted once no row
-reads from it.
+file keeps serving its other rows unchanged (a commit re-encodes nothing) and is deleted once no row reads from it.
+
+Files for the reference `unienv`, which reads `<start>_<end>.<ext>` as exactly rows start..end: every metadata
+write also writes `episode_index.json` listing the files that serve exactly the rows of their name; `dumps` and
+`close` re-encode the rest of each partly overwritten file of a lossless storage bit-exactly into files named for
+its remaining rows (`_trim_for_reference`); a file placed as `<start>_<end>~<k>` (its plain name still in use) takes
+the plain name once that is free (`_settle_names`).
 
 Reading. Every file records its keyframes while it is written and random access is exact (see `_video_decode`). A
 batch read decodes each file once and puts the rows back in the caller's order.
@@ -23,7 +28,8 @@ say which one was chosen and why the others were skipped.
 
 Limits (documented rather than silently worked around): rows of the open append-built segment cannot be read or
 `set` until `mark_segment_end` (StorageStateError); a `set` with scattered indices makes one small file per
-contiguous run; partly overwritten files keep their bytes on disk until fully replaced; the storage is written by one
+contiguous run; partly overwritten files of a lossy storage keep their bytes on disk until fully replaced (and the
+reference, which they are hidden from, raises for their rows); the storage is written by one
 process (`multiprocessing=True` only for read-only opens); decoding runs on the CPU.
 """
 from __future__ import annotations
@@ -50,9 +56,14 @@ from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, EncodedFile, Fram
 from ._video_decode import DecoderCache
 from ._video_index import EpisodeFile, RunFileIndex
 from ._video_layout import (METADATA_FIELDS, METADATA_FILE, REFERENCE_INDEX_FILE, VideoLayout, dump_files,
-                            new_file_name, orphan_names, parse_metadata, parse_reference, verify_files)
+                            new_file_name, orphan_names, parse_metadata, parse_reference, settle_names, verify_files,
+                            write_reference_index)
 from ._video_options import buffer_format_for, runtime_options
 from ._video_writer import VideoSegmentWriter
+
+
+#: frames decoded and re-encoded at a time when a partly overwritten file is trimmed
+_TRIM_CHUNK = 64
 
 
 @register_storage
@@ -274,6 +285,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _write_metadata(self) -> None:
         atomic_write_json(self._meta_path, self._metadata())
         self._meta_dirty = False
+        write_reference_index(self._dir, self._index, self._capacity)
 
     # ------------------------------------------------------------------ encoders
     def _new_encoder(self) -> FrameEncoder:
@@ -312,7 +324,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _install(self, encoded: List[Tuple[EncodedFile, np.ndarray]],
                  record: Optional[Tuple[int, int]] = None) -> None:
         """Renames encoded temporary files into place for their rows, records `record` as a segment, and writes the
-        metadata: all or nothing. Files no row reads any more are deleted afterwards."""
+        metadata: all or nothing. Files no row reads any more are deleted afterwards, then `~<k>` names settled."""
         snap = self._index.snapshot()
         seg_runs = self._segments.runs()
         taken = set(self._index.names())
@@ -320,12 +332,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         freed: List[EpisodeFile] = []
         try:
             for enc, rows in encoded:
-                name = new_file_name(self._dir, rows, self._plan.file_ext, taken)
-                taken.add(name)
-                final = os.path.join(self._dir, name)
-                os.replace(enc.path, final)
-                placed.append(final)
-                freed += self._index.place(EpisodeFile(name, enc.frames, enc.nbytes, keyframes=enc.keyframes), rows)
+                freed += self._place(enc, rows, taken, placed)
             if record is not None:
                 self._segments.add(*record)
             self._write_metadata()
@@ -341,6 +348,92 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 remove_quietly(enc.path)
             raise
         self._delete_files(freed)
+        self._settle_names()
+
+    def _place(self, enc: EncodedFile, rows: np.ndarray, taken: set, placed: List[str]) -> List[EpisodeFile]:
+        """Renames one encoded file into place under a new name and points `rows` at it; returns the files freed."""
+        name = new_file_name(self._dir, rows, self._plan.file_ext, taken)
+        taken.add(name)
+        final = os.path.join(self._dir, name)
+        os.replace(enc.path, final)
+        placed.append(final)
+        return self._index.place(EpisodeFile(name, enc.frames, enc.nbytes, keyframes=enc.keyframes), rows)
+
+    def _trim_for_reference(self) -> None:
+        """Trims every partly overwritten file (`_trim_partly_served`) in one all-or-nothing commit. Run by `dumps`
+        and `close`, not by every commit: on a ring most partly overwritten files are soon overwritten whole, and
+        until then episode_index.json leaves them out (the reference raises for their rows, never misreads them)."""
+        if self._read_only or not self._plan.exact:
+            return
+        trims = self._trim_partly_served()
+        if trims:
+            self._install(trims)
+
+    def _trim_partly_served(self) -> List[Tuple[EncodedFile, np.ndarray]]:
+        """New files for the rows that still read a partly overwritten file (one per run of consecutive frames, a
+        run across the ring's end staying one wrapped file), so that every file serves exactly the rows its name
+        says, which is how the reference `unienv` reads a directory. Lossless storages only: their frames re-encode
+        bit-exactly, so no row changes value (a lossy re-encode would; such a file is kept and left out of
+        episode_index.json instead). Decoded and encoded in chunks."""
+        partial = {fid for fid, f in self._index.files.items() if f.refs < f.frames}
+        if not partial:
+            return []
+        by_name = self._index.names()
+        pieces = [[row, n, by_name[name], first] for row, n, name, first in self._index.runs() if by_name[name] in partial]
+        cap = self._capacity
+        if cap is not None:     # a run that goes on past the ring's end stays one (wrapped) file, as it was written
+            heads = {(fid, first): k for k, (row, n, fid, first) in enumerate(pieces) if row == 0}
+            for piece in pieces:
+                k = heads.get((piece[2], piece[3] + piece[1])) if piece[0] + piece[1] == cap else None
+                if k is not None and pieces[k] is not piece and pieces[k][1]:
+                    piece[1] += pieces[k][1]
+                    pieces[k][1] = 0
+        out: List[Tuple[EncodedFile, np.ndarray]] = []
+        try:
+            for row, n, fid, first in pieces:
+                if not n:
+                    continue
+                enc = self._new_encoder()
+                try:
+                    for k in range(0, n, _TRIM_CHUNK):
+                        m = min(_TRIM_CHUNK, n - k)
+                        buf = self._zeros(m)
+                        self._decoders.read_file(self._index.files[fid], list(range(first + k, first + k + m)), buf,
+                                                 list(range(m)))
+                        for j in range(m):
+                            enc.add(buf[j])
+                    out.append((enc.finish(), ring_positions(row, n, cap)))
+                except BaseException:
+                    enc.discard()
+                    raise
+        except BaseException:
+            for enc_file, _rows in out:
+                remove_quietly(enc_file.path)
+            raise
+        return out
+
+    def _settle_names(self) -> None:
+        """Gives files placed under `<start>_<end>~<k>` (the plain name was still taken when they were placed) their
+        plain name once it is free: link, record in the metadata, then delete the old name (a crash at any moment
+        leaves every name the metadata lists present)."""
+        names = sorted(n for n in self._index.names() if "~" in n)
+        if not names:
+            return
+        settled = settle_names(self._dir, names, self._index.names())
+        if not settled:
+            return
+        renamed = [(f, f.name) for f in self._index.files.values() if f.name in settled]
+        for f, old in renamed:
+            f.name = settled[old]
+        try:
+            self._write_metadata()
+        except BaseException:
+            for f, old in renamed:
+                remove_quietly(os.path.join(self._dir, f.name))
+                f.name = old
+            raise
+        for old in settled:
+            remove_quietly(os.path.join(self._dir, old))
 
     def _delete_files(self, files: List[EpisodeFile]) -> None:
         live = set(self._index.names())
@@ -541,10 +634,14 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def dumps(self, path: PathLike) -> None:
         """Writes the committed state to `path`: its own directory only flushes the metadata; another directory gets
         copies (hard links where possible) of the files and its own metadata. An open append-built segment is not
-        part of it. Dumping again into the same directory reuses files it already holds."""
+        part of it. Dumping again into the same directory reuses files it already holds. Partly overwritten files of
+        a lossless storage are first re-encoded bit-exactly into files named for the rows they still serve, so the
+        reference `unienv` reads every row (one all-or-nothing commit; `_trim_for_reference`)."""
+        self._check_open()
+        self._trim_for_reference()
         target = self._dump_target(path)
         if target is not None:
-            dump_files(self._dir, self._index, target, self._metadata)
+            dump_files(self._dir, self._index, target, self._metadata, self._capacity)
 
     def orphan_files(self) -> List[str]:
         """Files in the directory that no row reads from (left by an interrupted write or crash); safe to delete when
@@ -564,14 +661,18 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return removed
 
     def close(self) -> None:
-        """Drops the open append-built segment and the files of open writers (their commit then raises), writes
-        pending metadata, and closes the decoders. Idempotent."""
+        """Drops the open append-built segment and the files of open writers (their commit then raises), trims
+        partly overwritten files of a lossless storage for the reference (see `dumps`), writes pending metadata, and
+        closes the decoders. Idempotent."""
         if self._closed:
             return
         try:
             self._discard_encoders()
-            if not self._read_only and self._meta_dirty:
-                self._write_metadata()
+            try:
+                self._trim_for_reference()
+            finally:
+                if not self._read_only and self._meta_dirty:
+                    self._write_metadata()
         finally:
             self._decoders.close_all()
             self._closed = True

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("av")
 
-from conformance import STATE_ERRORS, StorageConformance, expect_error  # noqa: E402
+from unienv_data.testing.conformance import STATE_ERRORS, StorageConformance, expect_error  # noqa: E402
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError  # noqa: E402
 from unienv_data.storages import _video_codec as codec_mod  # noqa: E402

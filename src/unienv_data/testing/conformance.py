@@ -28,7 +28,7 @@ import os
 import pickle
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 import pytest
@@ -48,7 +48,7 @@ STATE_ERRORS = (RuntimeError, ValueError)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def expect_error(types: Tuple[type, ...], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException:
+def expect_error(types: Tuple[Type[BaseException], ...], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException:
     """Calls `fn` and returns the exception it raised, failing the test unless it is one of `types`.
 
     A bare AssertionError is always a failure (errors must survive `python -O`)."""

@@ -27,6 +27,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E40
 # ---------------------------------------------------------------------------------------------------- conformance
 class _VideoConformance(StorageConformance):
     supports_growable = True
+    open_segment_rows_readable = False
     create_kwargs: dict = {"codec": "ffv1", "lossless": True, "file_ext": "mkv"}
 
     def create(self, tmp_path: Any, capacity: Optional[int]) -> Any:

@@ -335,8 +335,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self._seg_clear_rows -= 1
 
     def append(self, value: Any) -> None:
-        """Writes one element at the open segment's next row (growable storages grow)."""
-        self._check_writable()
+        """Writes one element at the open segment's next row (growable storages grow). The value is checked first
+        (as far as `_precheck` can), so that a refused value neither grows the storage nor cuts a recorded segment."""
+        self._check_append_state()
+        self._precheck(value)
         pos = self._next_write_position()
         self.set(pos, value)
         self._advance_segment()

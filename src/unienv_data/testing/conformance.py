@@ -363,8 +363,9 @@ class StorageConformance:
     shares_rows_when_pickled: bool = False
     spawn_check: bool = False
     seed: int = 1234
-    #: whether rows of an open append-built segment can be read (and set) before mark_segment_end (VideoStorage
-    #: encodes them into a hidden file first): the state machine then reads only the other rows meanwhile
+    #: False where an open append-built segment is staged (VideoStorage encodes it into a hidden file): its rows
+    #: are invisible until mark_segment_end and abort_segment discards them; the state machine then models that
+    #: and reads only the other rows meanwhile
     open_segment_rows_readable: bool = True
     #: the state machine's size: runs (Hypothesis examples) and steps per run
     state_machine_examples: int = 6

@@ -58,11 +58,18 @@ MAX_GROW_LEN = 14
 # ----------------------------------------------------------------------------------------------- the model
 class StorageModel:
     """Rows and segment runs of a ring (`capacity`) or a growable list (`capacity=None`); `zero` is what a new
-    row holds."""
+    row holds.
 
-    def __init__(self, capacity: Optional[int], zero: Any) -> None:
+    `staged=True` models storages whose append-built segment is staged (VideoStorage): appended rows are invisible
+    and cut no recorded segment until `mark_segment_end`, which writes and records them; `abort_segment` discards
+    them (a growable storage keeps the length it grew to, with the rows' previous values)."""
+
+    def __init__(self, capacity: Optional[int], zero: Any, staged: bool = False) -> None:
         self.capacity = capacity
         self.zero = zero
+        self.staged = staged
+        #: rows appended to the open segment, not yet written (staged storages only)
+        self.pending: List[Any] = []
         self.rows: List[Any] = [zero] * capacity if capacity else []
         self.segments: List[Tuple[int, int]] = []
         #: `[start, length]` of the open append-built segment, or None
@@ -128,9 +135,28 @@ class StorageModel:
         if self.open is None:
             raise ValueError("model: no open segment")
         p = self.pos(self.open[0], self.open[1])
-        self.cut({p})
-        self.write(p, row)
+        if self.staged:
+            if p >= len(self.rows):
+                self.write(p, self.zero)
+            self.pending.append(row)
+        else:
+            self.cut({p})
+            self.write(p, row)
         self.open[1] += 1
+
+    def end_open(self) -> None:
+        """`mark_segment_end()`: records the open segment (a staged one writes its rows first)."""
+        if self.open is None:
+            return
+        start, n = self.open
+        for i, r in enumerate(self.pending):
+            self.write(self.pos(start, i), r)
+        self.open, self.pending = None, []
+        self.record(start, n)
+
+    def abort_open(self) -> None:
+        """`abort_segment()`: forgets the open segment (a staged one's rows are discarded)."""
+        self.open, self.pending = None, []
 
     def commit(self, start: int, rows: List[Any]) -> None:
         """A segment writer's commit at `start`."""
@@ -141,7 +167,7 @@ class StorageModel:
 
     def clear(self) -> None:
         """`clear()`: no segments, zero rows (a growable model is emptied)."""
-        self.open = None
+        self.open, self.pending = None, []
         self.segments = []
         self.rows = [self.zero] * self.capacity if self.capacity else []
 
@@ -177,7 +203,8 @@ class StorageStateMachine(RuleBasedStateMachine):
         self.tmp = tempfile.mkdtemp(prefix="unienv-kit-sm-")
         self._dirs = 0
         self.storage = self.kit.create(self._new_dir(), self.capacity)
-        self.model = StorageModel(self.capacity, zeros_like_tree(self._value(0)))
+        self.model = StorageModel(self.capacity, zeros_like_tree(self._value(0)),
+                                  staged=not self.kit.open_segment_rows_readable)
         #: open segment writers: [writer, rows]
         self.writers: List[List[Any]] = []
 
@@ -341,10 +368,10 @@ class StorageStateMachine(RuleBasedStateMachine):
                 raise AssertionError("an append-built segment grew past the capacity")
         if finish == "end":
             self.storage.mark_segment_end()
-            self.model.record(*self.model.open)
+            self.model.end_open()
         else:
             self.storage.abort_segment()
-        self.model.open = None
+            self.model.abort_open()
         self._then(then)
 
     @precondition(lambda self: self.model.open is None)
@@ -382,10 +409,10 @@ class StorageStateMachine(RuleBasedStateMachine):
         assert self.model.open is not None
         if abort:
             self.storage.abort_segment()
+            self.model.abort_open()
         else:
             self.storage.mark_segment_end()
-            self.model.record(*self.model.open)
-        self.model.open = None
+            self.model.end_open()
         self._then(then)
 
     @precondition(lambda self: self.model.open is None)

@@ -637,7 +637,13 @@ def storage_state_machine(conformance_cls: Type[StorageConformance],
 def run_storage_state_machine(conformance_cls: Type[StorageConformance], capacity: Optional[int],
                               max_examples: int = 8, steps: int = 15) -> None:
     """Runs the state machine of `conformance_cls` (`max_examples` runs of up to `steps` steps each); a failure
-    raises with the shortest step sequence Hypothesis found."""
+    raises with the shortest step sequence Hypothesis found. The environment variable
+    `UNIENV_STATE_MACHINE_FACTOR` (an int, default 1) multiplies `max_examples`, for long local or nightly runs."""
+    factor = os.environ.get("UNIENV_STATE_MACHINE_FACTOR", "1")
+    try:
+        max_examples *= max(1, int(factor))
+    except ValueError:
+        raise ValueError(f"UNIENV_STATE_MACHINE_FACTOR must be an int, got {factor!r}") from None
     machine = storage_state_machine(conformance_cls, capacity)
     run_state_machine_as_test(machine, settings=settings(
         max_examples=max_examples, stateful_step_count=steps, deadline=None,

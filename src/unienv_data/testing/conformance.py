@@ -1,4 +1,4 @@
-"""The `SpaceStorage` contract, stated once.
+"""The `SpaceStorage` contract, stated once (see docs/testing.md).
 
 `StorageConformance` is a mixin of test methods (its name does not start with "Test", so pytest does not collect
 it on its own). Each storage's test module subclasses it as `TestSomething(StorageConformance)` and provides:
@@ -12,7 +12,10 @@ it on its own). Each storage's test module subclasses it as `TestSomething(Stora
 
 Class attributes: `capacity` (the ring size the fixed-capacity tests use), `supports_growable`,
 `shares_rows_when_pickled` (memory-mapped or shared-memory storages: a pickled copy sees later writes),
-`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child).
+`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child),
+`open_segment_rows_readable` (False where an append-built segment is staged until `mark_segment_end`),
+`state_machine_examples` / `state_machine_steps` (the size of `test_state_machine` and
+`test_state_machine_growable`, which run `unienv_data.testing.state_machine` through these same hooks).
 
 Expected errors: wrong indices raise IndexError / TypeError; wrong values ValueError / TypeError (KeyError for dict
 keys); state violations (closed, read-only, no open segment, writer misuse) raise an error that is both a

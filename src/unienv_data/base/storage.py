@@ -364,6 +364,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             log.eaten = None
             log.version += 1        # the run it was eating is persisted again at the next save
 
+    def _shrunk_to(self, length: int) -> None:
+        """Call after a growable storage shrank to `length` rows: forgets the recorded segments reaching past it and
+        aborts an open append-built segment that did (a hook for storages written outside this package)."""
+        log = self._segment_log()
+        if log is not None:
+            log.truncate(length)
+        if self._seg_start is not None and self._seg_start + self._seg_len > length:
+            self.abort_segment()
+
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the
         capacity): used by owners (e.g. a replay buffer) about to overwrite those rows with `set`."""

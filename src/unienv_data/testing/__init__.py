@@ -1,7 +1,8 @@
 """The `SpaceStorage` contract as a reusable test kit.
 
 `StorageConformance` is a mixin of pytest test methods that every storage in this package passes; subclass it
-with a few hooks (`make_space`, `create`, `load`) to test a storage of your own. Importing this package needs
+with a few hooks (`make_space`, `create`, `load`) to test a storage of your own; its `test_state_machine` runs
+the Hypothesis state machine of `unienv_data.testing.state_machine` through the same hooks (docs/testing.md). Importing this package needs
 `pytest` and `hypothesis` (the `testing` extra); importing `unienv_data` itself does not.
 """
 from unienv_data.testing.conformance import (
@@ -15,6 +16,12 @@ from unienv_data.testing.conformance import (
     sample_from_space,
     stack_tree,
 )
+from unienv_data.testing.state_machine import (
+    StorageModel,
+    StorageStateMachine,
+    run_storage_state_machine,
+    storage_state_machine,
+)
 
 __all__ = [
     "INDEX_ERRORS",
@@ -26,4 +33,8 @@ __all__ = [
     "expect_error",
     "sample_from_space",
     "stack_tree",
+    "StorageModel",
+    "StorageStateMachine",
+    "run_storage_state_machine",
+    "storage_state_machine",
 ]

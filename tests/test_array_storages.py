@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 # the refusal mode (the warning as an error), where they are refused like every other bad value
 pytestmark = pytest.mark.filterwarnings("error::unienv_data.base.errors.BoundsWarning")
 
-from conformance import StorageConformance, assert_tree_equal, expect_error  # noqa: E402
+from unienv_data.testing.conformance import StorageConformance, assert_tree_equal, expect_error  # noqa: E402
 
 from unienv_data.storages.numpy_memmap import NumpyMemmapStorage  # noqa: E402
 from unienv_data.storages.pytorch import PytorchTensorStorage  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conformance import (StorageConformance, assert_tree_equal, expect_error,  # noqa: E402
+from unienv_data.testing.conformance import (StorageConformance, assert_tree_equal, expect_error,  # noqa: E402
                          sample_from_space, stack_tree)
 
 from unienv_data.base import SpaceStorage, StorageFormatError, StorageStateError, register_storage  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 h5py = pytest.importorskip("h5py")
 
-from conformance import StorageConformance, expect_error  # noqa: E402
+from unienv_data.testing.conformance import StorageConformance, expect_error  # noqa: E402
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage  # noqa: E402

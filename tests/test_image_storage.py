@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from conformance import StorageConformance  # noqa: E402
+from unienv_data.testing.conformance import StorageConformance  # noqa: E402
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError  # noqa: E402
 from unienv_data.storages.image_storage import ImageStorage  # noqa: E402

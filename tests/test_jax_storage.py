@@ -157,3 +157,29 @@ def test_jax_default_32_bit_mode_in_a_subprocess(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines == ["float32 bool uint8 9600", "refused: True", "fits: int32"], proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- conformance
+from unienv_data.testing import StorageConformance  # noqa: E402
+
+
+class TestJaxNativeLayoutConformance(StorageConformance):
+    """A JAX space through the native layout (a backend adapter over NumPy children): the whole contract and the
+    state machine, with JAX arrays in and out."""
+
+    supports_growable = True
+    state_machine_examples = 3  # every JAX operation costs a dispatch: fewer, equally long runs
+
+    def make_space(self) -> DictSpace:
+        return DictSpace(JB, {
+            "obs": BoxSpace(JB, -np.inf, np.inf, jnp.float32, shape=(3,)),
+            "action": BoxSpace(JB, -1.0, 1.0, jnp.float32, shape=(2,)),
+            "step": BoxSpace(JB, 0, 1000, jnp.int64, shape=()),
+            "done": BinarySpace(JB, ()),
+        })
+
+    def create(self, tmp_path: Any, capacity: Any) -> Any:
+        return create_native_storage(self.space, capacity=capacity, cache_path=os.path.join(os.fspath(tmp_path), "n"))
+
+    def load(self, path: Any, read_only: bool) -> Any:
+        return load_native_storage(path, self.space, read_only=read_only)

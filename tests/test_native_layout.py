@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conformance import StorageConformance, assert_tree_equal, expect_error, stack_tree  # noqa: E402
+from unienv_data.testing.conformance import StorageConformance, assert_tree_equal, expect_error, stack_tree  # noqa: E402
 
 from unienv_data.storages.dict_storage import METADATA_FILE, DictStorage  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage, FlattenPromotionWarning  # noqa: E402
@@ -143,7 +143,7 @@ class TestNativeMixedNumpyRAM(_NativeConformance):
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def rand_value(space: Any, seed: int = 0) -> Any:
-    from conformance import sample_from_space
+    from unienv_data.testing.conformance import sample_from_space
     return sample_from_space(space, np.random.default_rng(seed))
 
 

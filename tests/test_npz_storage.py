@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from conformance import StorageConformance, expect_error
+from unienv_data.testing.conformance import StorageConformance, expect_error
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError
 from unienv_data.storages.flattened import FlattenedStorage

@@ -4,7 +4,7 @@ Each machine drives one storage through random sequences of writes, append-built
 clears, bad inputs and dump / close / reopen cycles, and after every step compares it with a plain-Python model:
 
 * rows: a list of `(a, b, c)` tuples (a: float32[3] in [-1, 1], b: int in [-100, 100], c: bool);
-* segments: a list of `(start, length)` runs, oldest first. Recording a segment clips every older segment that
+* segments (the kit's `unienv_data.testing.state_machine.StorageModel`): a list of `(start, length)` runs, oldest first. Recording a segment clips every older segment that
   shares rows with it to its other rows (one or two runs; none left: gone), as unienv 0.0.1b16 does. While an
   append-built segment is open, each appended row is cut out of the recorded segments the same way (those rows
   no longer hold what the segment says; see `SpaceStorage._free_rows_from`). `set` never touches segments.
@@ -34,6 +34,7 @@ torch = pytest.importorskip("torch")
 from unienv_data.base.errors import StorageStateError  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage  # noqa: E402
 from unienv_data.storages.pytorch import PytorchTensorStorage  # noqa: E402
+from unienv_data.testing.state_machine import StorageModel as KitModel  # noqa: E402
 from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB  # noqa: E402
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E402
 
@@ -179,96 +180,9 @@ def bad_value(kind: str, rows: List[Row], batched: bool, bad_pos: int, form: str
 
 
 # ----------------------------------------------------------------------------------------------- the model
-class StorageModel:
-    """Rows and segment runs of a ring (capacity) or a growable list (capacity None)."""
-
-    def __init__(self, capacity: Optional[int]) -> None:
-        self.capacity = capacity
-        self.rows: List[Row] = [ZERO_ROW] * capacity if capacity else []
-        self.segments: List[Tuple[int, int]] = []
-        self.open: Optional[List[int]] = None  # [start, length] of the open append-built segment
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def pos(self, start: int, i: int) -> int:
-        return (start + i) % self.capacity if self.capacity else start + i
-
-    def cells(self, start: int, length: int) -> set:
-        return {self.pos(start, i) for i in range(length)}
-
-    def norm_start(self, start: int) -> int:
-        if self.capacity:
-            assert start >= -self.capacity
-            return start % self.capacity
-        if start < 0:
-            start += len(self.rows)
-        assert 0 <= start <= len(self.rows)
-        return start
-
-    def norm_index(self, i: int) -> int:
-        return i + len(self.rows) if i < 0 else i
-
-    def write(self, p: int, row: Row) -> None:
-        while p >= len(self.rows):
-            assert self.capacity is None
-            self.rows.append(ZERO_ROW)
-        self.rows[p] = row
-
-    def clip(self, seg: Tuple[int, int], victims: set) -> List[Tuple[int, int]]:
-        """The runs left of `seg` once the rows `victims` are overwritten, in ring order."""
-        out: List[Tuple[int, int]] = []
-        run: Optional[List[int]] = None
-        for i in range(seg[1]):
-            p = self.pos(seg[0], i)
-            if p in victims:
-                run = None
-            elif run is None:
-                run = [p, 1]
-                out.append(run)  # type: ignore[arg-type]
-            else:
-                run[1] += 1
-        return [(int(a), int(b)) for a, b in out]
-
-    def cut(self, victims: set) -> None:
-        self.segments = [r for s in self.segments for r in self.clip(s, victims)]
-
-    def drop_containing(self, p: int) -> None:
-        self.cut({p})
-
-    def record(self, start: int, length: int) -> None:
-        if length <= 0:
-            return
-        self.cut(self.cells(start, length))
-        self.segments.append((start, length))
-
-    def append_open(self, row: Row) -> None:
-        assert self.open is not None
-        p = self.pos(self.open[0], self.open[1])
-        self.drop_containing(p)
-        self.write(p, row)
-        self.open[1] += 1
-
-    def commit(self, start: int, rows: List[Row]) -> None:
-        s = self.norm_start(start)
-        for i, r in enumerate(rows):
-            self.write(self.pos(s, i), r)
-        self.record(s, len(rows))
-
-    def clear(self) -> None:
-        self.open = None
-        self.segments = []
-        self.rows = [ZERO_ROW] * self.capacity if self.capacity else []
-
-    def shrink(self, k: int) -> None:
-        n = len(self.rows) - k
-        self.rows = self.rows[:n]
-        self.segments = [(s, m) for s, m in self.segments if s + m <= n]
-        if self.open is not None and self.open[0] + self.open[1] > n:
-            self.open = None
-
-    def expected_segments(self) -> List[Tuple[int, int]]:
-        return sorted((s, self.pos(s, n - 1)) for s, n in self.segments)
+def StorageModel(capacity: Optional[int]) -> KitModel:
+    """The kit's model (unienv_data.testing.state_machine) with this module's zero row."""
+    return KitModel(capacity, ZERO_ROW)
 
 
 # ----------------------------------------------------------------------------------------------- machines
@@ -728,23 +642,3 @@ TestFixedCapacityFlattenedStorage.settings = _SETTINGS
 TestGrowableFlattenedStorage = GrowableMachine.TestCase
 TestGrowableFlattenedStorage.settings = _SETTINGS
 
-
-def test_model_examples() -> None:
-    """The model's own segment rule on hand-checked cases (so a model bug cannot hide a storage bug)."""
-    m = StorageModel(7)
-    m.record(5, 3)                      # rows 5, 6, 0
-    assert m.expected_segments() == [(5, 0)]
-    m.record(1, 2)                      # rows 1, 2: no overlap
-    assert m.expected_segments() == [(1, 2), (5, 0)]   # position order
-    m.record(0, 1)                      # row 0 clips the wrapping segment to rows 5, 6
-    assert m.expected_segments() == [(0, 0), (1, 2), (5, 6)]
-    m.record(6, 1)                      # row 6 clips it to row 5
-    assert m.expected_segments() == [(0, 0), (1, 2), (5, 5), (6, 6)]
-    m.record(0, 7)                      # the whole ring
-    assert m.expected_segments() == [(0, 6)]
-    g = StorageModel(None)
-    g.commit(0, [ZERO_ROW] * 4)
-    g.commit(4, [ZERO_ROW] * 2)
-    assert len(g) == 6 and g.expected_segments() == [(0, 3), (4, 5)]
-    g.shrink(1)
-    assert g.expected_segments() == [(0, 3)]

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conformance import StorageConformance, assert_tree_equal, expect_error  # noqa: E402
+from unienv_data.testing.conformance import StorageConformance, assert_tree_equal, expect_error  # noqa: E402
 
 from unienv_data.base import SpaceStorage, StorageFormatError  # noqa: E402
 from unienv_data.base.registry import resolve_storage_class  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("av")
 
-from conformance import STATE_ERRORS, StorageConformance, expect_error  # noqa: E402
+from unienv_data.testing.conformance import STATE_ERRORS, StorageConformance, expect_error  # noqa: E402
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError  # noqa: E402
 from unienv_data.storages import _video_codec as codec_mod  # noqa: E402
@@ -27,6 +27,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, DictSpace  # noqa: E40
 # ---------------------------------------------------------------------------------------------------- conformance
 class _VideoConformance(StorageConformance):
     supports_growable = True
+    open_segment_rows_readable = False
     create_kwargs: dict = {"codec": "ffv1", "lossless": True, "file_ext": "mkv"}
 
     def create(self, tmp_path: Any, capacity: Optional[int]) -> Any:

@@ -381,8 +381,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self._seg_clear_rows -= 1
 
     def append(self, value: Any) -> None:
-        """Writes one element at the open segment's next row (growable storages grow)."""
-        self._check_writable()
+        """Writes one element at the open segment's next row (growable storages grow). The value is checked first
+        (as far as `_precheck` can), so that a refused value neither grows the storage nor cuts a recorded segment."""
+        self._check_append_state()
+        self._precheck(value)
         pos = self._next_write_position()
         self.set(pos, value)
         self._advance_segment()
@@ -407,6 +409,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         if log is not None and log.eaten is not None:
             log.eaten = None
             log.version += 1        # the run it was eating is persisted again at the next save
+
+    def _shrunk_to(self, length: int) -> None:
+        """Call after a growable storage shrank to `length` rows: forgets the recorded segments reaching past it and
+        aborts an open append-built segment that did (a hook for storages written outside this package)."""
+        log = self._segment_log()
+        if log is not None:
+            log.truncate(length)
+        if self._seg_start is not None and self._seg_start + self._seg_len > length:
+            self.abort_segment()
 
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the

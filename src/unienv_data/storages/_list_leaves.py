@@ -274,12 +274,27 @@ class LeafTreeWrites:
 
         def _check_writable(self) -> None: ...
 
+        def _check_append_state(self) -> None: ...
+
+        def _next_write_position(self) -> int: ...
+
+        def _advance_segment(self) -> None: ...
+
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
         self._check_writable()
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._write_leaves(norm, self._tree.split(value, lead))
+
+    def append(self, value: Any) -> None:
+        """Checks the whole value first, then writes it at the open segment's next row (growable storages grow): a
+        refused value neither grows the storage nor cuts the recorded segment that held that row."""
+        self._check_append_state()
+        leaves = self._tree.split(value, ())
+        pos = self._next_write_position()
+        self._write_leaves(self._norm(pos), leaves)
+        self._advance_segment()
 
     def _prepare_single(self, value: Any) -> Any:
         return self._tree.split_copy(value)

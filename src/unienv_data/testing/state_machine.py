@@ -6,7 +6,7 @@ and the recorded segments of a ring (`capacity`) or of a growable storage (`capa
 * segments are `(start, length)` runs, oldest first. Recording a segment clips every older segment that shares
   rows with it to its other rows (one or two runs; none left: gone), as unienv 0.0.1b16 does. While an
   append-built segment is open, each appended row is cut out of the recorded segments the same way. `set` never
-  touches segments. `get_segments()` reports the runs as inclusive physical `(start, end)` pairs with
+  touches segments. `episode_segments()` reports the runs as inclusive physical `(start, end)` pairs with
   `end = (start + length - 1) % capacity` (no modulo when growable), in position order.
 
 `storage_state_machine(conformance_cls, capacity)` builds a `RuleBasedStateMachine` from a `StorageConformance`
@@ -180,7 +180,7 @@ class StorageModel:
             self.open = None
 
     def expected_segments(self) -> List[Tuple[int, int]]:
-        """What `get_segments()` must return."""
+        """What `episode_segments()` must return."""
         return sorted((s, self.pos(s, n - 1)) for s, n in self.segments)
 
 
@@ -264,7 +264,7 @@ class StorageStateMachine(RuleBasedStateMachine):
                     self.kit.assert_equal(storage.get(np.array(shown)), stack_tree([m.rows[p] for p in shown]))
             else:
                 self.kit.assert_equal(storage.get(Ellipsis), stack_tree(m.rows))
-        segs = storage.get_segments()
+        segs = storage.episode_segments()
         if segs is not None:
             assert segs == m.expected_segments(), f"segments {segs}, model {m.expected_segments()}"
 

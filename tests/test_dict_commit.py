@@ -96,20 +96,20 @@ def test_failed_child_commit_rolls_back_and_retry_works(tmp_path: Any, capacity:
     with pytest.raises(OSError, match="No space left"):
         w.commit(5)
     # no child keeps the segment; they agree; the growable storage did not keep the rows
-    assert st.get_segments() == [(0, 4)]
+    assert st.episode_segments() == [(0, 4)]
     for key, child in st.storages.items():
-        assert child.get_segments() == [(0, 4)], key
+        assert child.episode_segments() == [(0, 4)], key
     assert len(st) == length_before
     assert w.state == "finished"
     # retry in the same process
     FAIL["at"] = None
     w.commit(5)
-    assert st.get_segments() == [(0, 4), (5, 8)]
+    assert st.episode_segments() == [(0, 4), (5, 8)]
     _assert_rows(st, 5, 1, 4)
     _assert_rows(st, 0, 0, 5)
     st.close()
     again = DictStorage.load_from(path, _space())
-    assert again.get_segments() == [(0, 4), (5, 8)]
+    assert again.episode_segments() == [(0, 4), (5, 8)]
     _assert_rows(again, 5, 1, 4)
     again.close()
 
@@ -127,13 +127,13 @@ def test_failed_commit_then_abort_leaves_storage_usable(tmp_path: Any) -> None:
     with pytest.raises(StorageStateError, match="already aborted"):
         w.commit(3)
     FAIL["at"] = None
-    assert len(st) == 3 and st.get_segments() == [(0, 2)]
+    assert len(st) == 3 and st.episode_segments() == [(0, 2)]
     _writer(st, 2, 2).commit(3)           # the storage goes on as if the failed episode never happened
-    assert st.get_segments() == [(0, 2), (3, 4)]
+    assert st.episode_segments() == [(0, 2), (3, 4)]
     _assert_rows(st, 3, 2, 2)
     st.close()
     again = DictStorage.load_from(path, _space())
-    assert len(again) == 5 and again.get_segments() == [(0, 2), (3, 4)]
+    assert len(again) == 5 and again.episode_segments() == [(0, 2), (3, 4)]
     again.close()
 
 
@@ -147,11 +147,11 @@ def test_failed_ring_overwrite_keeps_children_agreeing(tmp_path: Any) -> None:
     FAIL["at"] = "prepare"
     with pytest.raises(OSError):
         w.commit(0)
-    assert st.get_segments() == [(3, 4), (5, 9)]
-    assert all(c.get_segments() == [(3, 4), (5, 9)] for c in st.storages.values())
+    assert st.episode_segments() == [(3, 4), (5, 9)]
+    assert all(c.episode_segments() == [(3, 4), (5, 9)] for c in st.storages.values())
     FAIL["at"] = None
     w.commit(0)
-    assert st.get_segments() == [(0, 2), (3, 4), (5, 9)]
+    assert st.episode_segments() == [(0, 2), (3, 4), (5, 9)]
     _assert_rows(st, 0, 2, 3)
     st.close()
 
@@ -164,7 +164,7 @@ def test_dumps_writes_the_dump_marker_protocol(tmp_path: Any) -> None:
     out = str(tmp_path / "copy")
     st.dumps(out)
     again = DictStorage.load_from(out, _space())
-    assert again.get_segments() == [(0, 2)]
+    assert again.episode_segments() == [(0, 2)]
     again.close()
     # a dump interrupted inside the transaction leaves the marker behind: loading refuses it
     with pytest.raises(RuntimeError):
@@ -193,15 +193,15 @@ def test_video_child_keeps_its_finished_file_for_the_retry(tmp_path: Any) -> Non
     video_dir = os.path.join(path, st.storage_paths["a_cam"])
     with pytest.raises(OSError):
         w.commit(0)
-    assert st.get_segments() is None or st.get_segments() == []
+    assert st.episode_segments() is None or st.episode_segments() == []
     assert len(st) == 0
     FAIL["at"] = None
     w.commit(0)
-    assert st.get_segments() == [(0, 2)]
+    assert st.episode_segments() == [(0, 2)]
     np.testing.assert_array_equal(st.get(slice(0, 3))["a_cam"], np.stack(frames))
     st.close()
     again = DictStorage.load_from(path, space)
-    assert again.get_segments() == [(0, 2)]
+    assert again.episode_segments() == [(0, 2)]
     np.testing.assert_array_equal(again.get(slice(0, 3))["a_cam"], np.stack(frames))
     again.close()
     # and an abort after a failed commit deletes the finished file
@@ -215,7 +215,7 @@ def test_video_child_keeps_its_finished_file_for_the_retry(tmp_path: Any) -> Non
     FAIL["at"] = None
     w.abort()
     assert set(os.listdir(video_dir)) == committed_files      # the finished hidden file is gone
-    assert st.get_segments() == [(0, 2)] and len(st) == 3
+    assert st.episode_segments() == [(0, 2)] and len(st) == 3
     st.close()
 
 
@@ -257,7 +257,7 @@ def test_commit_log_is_the_commit_point(tmp_path: Any, torn_tail: bool) -> None:
     want = [(0, 2), (3, 6), (7, 11)]
     for read_only in (True, False):
         st = DictStorage.load_from(path, _space(), read_only=read_only)
-        assert len(st) == 12 and st.get_segments() == want
+        assert len(st) == 12 and st.episode_segments() == want
         for e, (s, _end) in enumerate(want):
             _assert_rows(st, s, e, 3 + e)
         if not read_only:       # recording goes on; close() writes every child's own file and compacts the log
@@ -272,7 +272,7 @@ def test_commit_log_is_the_commit_point(tmp_path: Any, torn_tail: bool) -> None:
     with open(os.path.join(path, "dict_commit.log"), "rb") as f:
         assert len(f.read().splitlines()) == 1
     st = DictStorage.load_from(path, _space())
-    assert st.get_segments() == want + [(12, 13)]
+    assert st.episode_segments() == want + [(12, 13)]
     _assert_rows(st, 12, 3, 2)
     st.close()
 
@@ -292,7 +292,7 @@ def test_commit_log_records_dropped_segments_before_rows_are_overwritten(tmp_pat
         lines = f.read().splitlines()
     assert b'"t":"segs"' in lines[-1]
     again = DictStorage.load_from(path, _space())
-    assert again.get_segments() == [(3, 3), (4, 7)]       # episode 0 clipped to its row that was not overwritten
+    assert again.episode_segments() == [(3, 3), (4, 7)]       # episode 0 clipped to its row that was not overwritten
     again.close()
     w.rollback_commit()
     st.close()

@@ -192,6 +192,41 @@ def _open_temporary(directory: str, name: str) -> Tuple[int, str]:
     raise FileExistsError(f"no free temporary file name for {name!r} in {directory}")
 
 
+def temporary_path(final: PathLike) -> str:
+    """A fresh hidden temporary file name next to `final` (same directory, so a rename replaces `final` atomically):
+    `.<name>.<random>.tmp`, which every reader of a dataset directory ignores."""
+    d, base = os.path.split(os.fspath(final))
+    return os.path.join(d, f".{base}.{os.urandom(6).hex()}.tmp")
+
+
+@contextlib.contextmanager
+def replacing_file(path: PathLike, durable: Optional[bool] = None) -> Iterator[str]:
+    """The one way a data file is replaced whole: yields a temporary path next to `path`, where the caller writes the
+    complete new file (and closes it); then the file is fsynced (when durable, see `set_durable`), renamed over
+    `path` and the directory fsynced (when durable). Readers see the old file or the whole new one. An exception in
+    the block (or in the rename) removes the temporary file and leaves `path` as it was."""
+    durable = _DURABLE if durable is None else durable
+    final = os.fspath(path)
+    tmp = temporary_path(final)
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(final)))
+
+
 DUMP_MARKER_SUFFIX = ".dump-in-progress"
 
 

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from unienv_data.base.files import replacing_file
+
 from ._common import CLIError, Progress, add_backend_flag, add_output_flags, human_bytes, print_json
 
 
@@ -165,10 +167,9 @@ def write_checksums(root_dir: str, files: List[str]) -> str:
     from unienv_data.inspect import CHECKSUM_FILE
     lines = [f"{_sha256(os.path.join(root_dir, rel))}  {rel}\n" for rel in sorted(set(files)) if rel != CHECKSUM_FILE]
     target = os.path.join(root_dir, CHECKSUM_FILE)
-    tmp = target + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.writelines(lines)
-    os.replace(tmp, target)
+    with replacing_file(target) as tmp:
+        with open(tmp, "w") as fh:
+            fh.writelines(lines)
     return target
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
-import uuid
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -23,7 +22,7 @@ import numpy as np
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
                                     check_no_interrupted_dump, dump_transaction, is_durable, read_json,
-                                    require_fields)
+                                    replacing_file, require_fields)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -552,18 +551,9 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
             self._write_sidecar(path)
 
     def _dump_rows(self, path: str) -> None:
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
+        with replacing_file(path) as tmp:
             with open(tmp, "wb") as f:
                 write_rows(f, self._block.data[:self._length])   # no copy of the rows on the way
-                f.flush()
-                if is_durable():
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
 
     def close(self) -> None:
         """Persists the metadata of a writable memory-mapped storage, then releases the rows. Idempotent."""

@@ -27,7 +27,7 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import fsync_dir, is_durable
+from unienv_data.base.files import is_durable, replacing_file
 from unienv_data.base.segments import SegmentLog
 
 LOG_FILE = "dict_commit.log"
@@ -102,7 +102,7 @@ class CommitLog:
 
     def append(self, record: Dict[str, Any]) -> None:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides
             self._size = os.fstat(self._fd).st_size
         line = _line(record)
         os.write(self._fd, line)
@@ -117,22 +117,9 @@ class CommitLog:
     def compact(self, length: int, runs: Runs) -> None:
         """Replaces the log with one base record (write a temporary file, rename over the log)."""
         self.close()
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        try:
+        with replacing_file(self.path) as tmp:
             with open(tmp, "wb") as f:
                 f.write(_line({"t": "base", "len": int(length), "runs": [[int(s), int(n)] for s, n in runs]}))
-                f.flush()
-                if is_durable():
-                    os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        if is_durable():
-            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def close(self) -> None:
         if self._fd is not None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import uuid
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import is_durable
+from unienv_data.base.files import replacing_file, temporary_path
 
 
 def require_module(module: str, extra: str, who: str) -> Any:
@@ -41,29 +40,14 @@ def check_count(value: Any, what: str, upper: Optional[int] = None) -> int:
 
 
 def temp_name(final: str) -> str:
-    """A temporary file name next to `final` (same directory, so a rename replaces it atomically)."""
-    d, base = os.path.split(final)
-    return os.path.join(d, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
+    """A temporary file name next to `final` (see `unienv_data.base.files.temporary_path`)."""
+    return temporary_path(final)
 
 
 def replace_file(write: Callable[[str], None], final: str) -> None:
-    """Writes a file through `write(tmp_path)` and renames it over `final` (fsync'ed when durable)."""
-    tmp = temp_name(final)
-    try:
+    """Writes a file through `write(tmp_path)` and puts it in place of `final` (`replacing_file`)."""
+    with replacing_file(final) as tmp:
         write(tmp)
-        if is_durable():
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def link_or_copy(src: str, dst: str) -> None:

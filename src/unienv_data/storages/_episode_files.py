@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-import importlib
 import os
 import shutil
 import threading
 import uuid
 from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
+from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed
 from unienv_data.base.indexing import normalize_index
@@ -41,34 +40,7 @@ R = TypeVar("R")
 TEMP_PREFIX = ".active-"
 
 
-# ---------------------------------------------------------------------------------------------------- imports
-def import_optional(module: str, extra: str, user: str) -> ModuleType:
-    """Imports `module`, or raises ModuleNotFoundError telling which extra of this package provides it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ModuleNotFoundError(
-            f"{user} needs the '{module}' package; install the extra: pip install 'unienv-storage[{extra}]' "
-            f"({exc})") from exc
-
-
 # ---------------------------------------------------------------------------------------------------- arguments
-def check_capacity(capacity: Any) -> Optional[int]:
-    """A positive int capacity, or None (growable)."""
-    if capacity is None:
-        return None
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or int(capacity) <= 0:
-        raise ValueError(f"capacity must be a positive int or None (growable), got {capacity!r}")
-    return int(capacity)
-
-
-def check_count(value: Any, name: str, minimum: int) -> int:
-    """An int >= `minimum` (bools refused)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def image_shape(space: Any, user: str, dtypes: Sequence[str] = ("uint8",)) -> Tuple[int, int, int]:
     """`(height, width, channels)` of an image space: a uint8 BoxSpace of shape (H, W, 3) (RGB), or (H, W) or
     (H, W, 1) (grayscale, channels 1; values keep the space's own shape). Other dtypes of `dtypes` (uint16, for

@@ -2,41 +2,19 @@
 naming the extra, capacity and count checks, atomic file replacement, hard-link-or-copy, written-row runs."""
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 
+from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import replacing_file, temporary_path
 
 
 def require_module(module: str, extra: str, who: str) -> Any:
-    """Imports an optional dependency; ModuleNotFoundError naming the extra to install when it is missing."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ModuleNotFoundError(f"{who} needs the optional dependency {module.split('.')[0]!r}; install the "
-                                  f"extra: pip install 'unienv-storage[{extra}]' ({exc})") from exc
-
-
-def check_capacity(capacity: Any) -> Optional[int]:
-    """A positive int, or None (growable); ValueError otherwise."""
-    if capacity is None:
-        return None
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or int(capacity) <= 0:
-        raise ValueError(f"capacity must be a positive int or None (growable), got {capacity!r}")
-    return int(capacity)
-
-
-def check_count(value: Any, what: str, upper: Optional[int] = None) -> int:
-    """A non-negative int (at most `upper`); ValueError naming `what` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or int(value) < 0 \
-            or (upper is not None and int(value) > upper):
-        rng = f"[0, {upper}]" if upper is not None else ">= 0"
-        raise ValueError(f"{what} needs an int in {rng}, got {value!r}")
-    return int(value)
+    """Imports an optional dependency (see `unienv_data.base.arguments.import_optional`)."""
+    return import_optional(module, extra, who)
 
 
 def temp_name(final: str) -> str:

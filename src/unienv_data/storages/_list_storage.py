@@ -357,7 +357,7 @@ class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._check_writable()
         if self._capacity is not None:
             return
-        n = check_count(length, "shrink_length", self._length)
+        n = check_count(length, "shrink_length", maximum=self._length)
         if not n:
             return
         self._check_owner("shrink_length")

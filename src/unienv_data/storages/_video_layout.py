@@ -70,7 +70,7 @@ def parse_metadata(directory: str, meta: Dict[str, Any], where: str, space: Spac
         raise StorageFormatError(f"{where}: invalid codec description")
     try:
         fps_fraction(meta["fps"])
-        gop = check_count(meta["gop_size"], "gop_size", 1)
+        gop = check_count(meta["gop_size"], "gop_size", minimum=1)
     except (TypeError, ValueError) as exc:
         raise StorageFormatError(f"{where}: {exc}") from None
     plan = CodecPlan(meta["codec"], meta["file_pixel_format"], tuple(sorted((str(k), str(v)) for k, v in opt.items())),

@@ -54,12 +54,12 @@ def runtime_options(seek_mode: Any, hardware_acceleration: Any, decode_backend: 
         frame_bytes = shape[0] * shape[1] * 3
         size = int(min(64, max(8, (256 << 20) // (8 * frame_bytes))))
     else:
-        size = check_count(decoder_cache_size, "decoder_cache_size", 0)
+        size = check_count(decoder_cache_size, "decoder_cache_size")
     return {"seek_mode": _pick(seek_mode, _SEEK_MODES, "seek_mode"),
             "hardware_acceleration": _normalize_hw(hardware_acceleration),
             "decode_backend": _pick(decode_backend, _DECODE_BACKENDS, "decode_backend"),
             "decoder_cache_size": size if cache_decoders else 0,
-            "decoder_threads": None if decoder_threads is None else check_count(decoder_threads, "decoder_threads", 0)}
+            "decoder_threads": None if decoder_threads is None else check_count(decoder_threads, "decoder_threads")}
 
 
 __all__ = ["buffer_format_for", "runtime_options"]

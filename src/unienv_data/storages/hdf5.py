@@ -388,7 +388,7 @@ class HDF5Storage(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, 
         self._check_writable()
         if self._capacity is not None:
             return
-        n = check_count(length, "shrink_length", self._length)
+        n = check_count(length, "shrink_length", maximum=self._length)
         if not n:
             return
         self._check_owner("shrink_length")

@@ -139,7 +139,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if ext not in CONTAINERS:
             raise ValueError(f"file_ext must be one of {sorted(CONTAINERS)}, got {file_ext!r}")
         fps_frac = fps_fraction(fps)
-        gop = None if gop_size is None else check_count(gop_size, "gop_size", 1)
+        gop = None if gop_size is None else check_count(gop_size, "gop_size", minimum=1)
         dtype = cls._space_dtype(single_instance_space)
         opts = runtime_options(seek_mode, hardware_acceleration, decode_backend, buffer_pixel_format, shape,
                                cache_decoders, decoder_cache_size, decoder_threads, dtype)
@@ -601,7 +601,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._check_writable()
         if self._capacity is not None:
             return
-        n = check_count(length, "extend_length", 0)
+        n = check_count(length, "extend_length")
         if n:
             self._grow_to(self._length + n)
 

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import Any, List, Optional, Set, Tuple, Type
+from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple, Type
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -34,11 +34,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from unienv_data.base.errors import BoundsWarning
-from unienv_data.testing.conformance import (
+from unienv_data.testing.trees import (
     INDEX_ERRORS,
     STATE_ERRORS,
     STRUCTURE_ERRORS,
-    StorageConformance,
     invalid_leaf_values,
     space_leaves,
     stack_tree,
@@ -46,6 +45,9 @@ from unienv_data.testing.conformance import (
     tree_replace,
     zeros_like_tree,
 )
+
+if TYPE_CHECKING:  # the conformance class runs this machine; the machine only calls the class's hooks
+    from unienv_data.testing.conformance import StorageConformance
 
 __all__ = ["StorageModel", "StorageStateMachine", "storage_state_machine", "run_storage_state_machine"]
 
@@ -193,7 +195,7 @@ then_st = st.sampled_from(["none", "none", "none", "reopen"])
 class StorageStateMachine(RuleBasedStateMachine):
     """Rules for any storage; `storage_state_machine` makes the concrete class (conformance hooks + capacity)."""
 
-    conformance_class: Type[StorageConformance] = StorageConformance
+    conformance_class: Type["StorageConformance"]     # set by `storage_state_machine`
     capacity: Optional[int] = 6
 
     def __init__(self) -> None:
@@ -625,7 +627,7 @@ class _GrowableRules(StorageStateMachine):
         self._refused(self.storage.shrink_length, len(self.model) - k, errors=(ValueError,))
 
 
-def storage_state_machine(conformance_cls: Type[StorageConformance],
+def storage_state_machine(conformance_cls: Type["StorageConformance"],
                           capacity: Optional[int]) -> Type[StorageStateMachine]:
     """The state machine of the storage `conformance_cls` describes, as a ring of `capacity` rows or (None)
     growable. Its `.TestCase` is a unittest class pytest collects; `run_storage_state_machine` runs it directly."""
@@ -634,7 +636,7 @@ def storage_state_machine(conformance_cls: Type[StorageConformance],
     return type(name, (base,), {"conformance_class": conformance_cls, "capacity": capacity})
 
 
-def run_storage_state_machine(conformance_cls: Type[StorageConformance], capacity: Optional[int],
+def run_storage_state_machine(conformance_cls: Type["StorageConformance"], capacity: Optional[int],
                               max_examples: int = 8, steps: int = 15) -> None:
     """Runs the state machine of `conformance_cls` (`max_examples` runs of up to `steps` steps each); a failure
     raises with the shortest step sequence Hypothesis found. The environment variable

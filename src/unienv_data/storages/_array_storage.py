@@ -26,6 +26,7 @@ from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json,
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segments import SegmentLog
+from unienv_data.base.leaf_storage import LeafStorage
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BinarySpace, BoxSpace, Space
@@ -48,7 +49,7 @@ def _check_capacity(capacity: Any) -> Optional[int]:
     return int(capacity)
 
 
-class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Common implementation of the single-array storages (see the module docstring)."""
 
     single_file_ext: Optional[str] = ".memmap"
@@ -212,23 +213,12 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
     def cache_filename(self) -> Optional[str]:
         return self._block.path if self._block.mode == MEMMAP else None
 
     @property
     def is_memmap(self) -> bool:
         return self._block.mode == MEMMAP
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
 
     @property
     def is_multiprocessing_safe(self) -> bool:
@@ -443,32 +433,17 @@ class ArrayStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType,
         self._seg_clear_rows -= 1
 
     # ------------------------------------------------------------------ growth
-    def extend_length(self, length: int) -> None:
-        """Adds `length` zero rows at the end (growable storages only; a no-op for a fixed capacity)."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
-            raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
-        new_len = self._length + int(length)
+    def _grow_rows(self, new_length: int) -> None:
         self._meta_dirty = True
-        if new_len > self._block.alloc_rows:
-            self._block.resize(max(new_len, 2 * self._block.alloc_rows, 16))
-        self._length = new_len
+        if new_length > self._block.alloc_rows:
+            self._block.resize(max(new_length, 2 * self._block.alloc_rows, 16))
+        self._length = new_length
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows from the end (growable storages only); their segments are forgotten."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
-            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
-        self._length -= int(length)
+    def _drop_rows(self, new_length: int) -> None:
+        self._length = new_length
         self._meta_dirty = True
-        self._block.data[self._length:] = 0
-        self._segments.truncate(self._length)
-        if self._seg_start is not None and self._seg_start + self._seg_len > self._length:
-            self.abort_segment()
+        self._block.data[new_length:] = 0
+        self._shrunk_to(new_length)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""

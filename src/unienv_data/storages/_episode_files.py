@@ -27,7 +27,7 @@ from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.ring import ring_rows
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.leaf_storage import LeafStorage
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BoxSpace, Space
 
@@ -273,7 +273,7 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
     return cap, length
 
 
-class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The part `VideoStorage` and `ImageStorage` share: the rows of an image space (`frame_dtypes`) kept in files of one
     directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
     opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows
@@ -354,19 +354,8 @@ class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
     def cache_filename(self) -> Optional[str]:
         return self._dir
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
 
     @property
     def is_multiprocessing_safe(self) -> bool:
@@ -429,21 +418,6 @@ class FileRowStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             if pos.size != n or np.any(src != np.arange(n)):
                 arr = arr[src]
         return pos, arr
-
-    def _shrunk_length(self, length: Any) -> Optional[int]:
-        """The new length of `shrink_length(length)` (None when nothing changes: a fixed capacity, or 0 rows); an
-        open segment reaching past it is aborted."""
-        self._check_writable()
-        if self._capacity is not None:
-            return None
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self._length:
-            raise ValueError(f"shrink_length needs an int in [0, {self._length}], got {length!r}")
-        if not length:
-            return None
-        new_len = self._length - int(length)
-        if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
-            self.abort_segment()
-        return new_len
 
     def _dump_target(self, path: PathLike) -> Optional[str]:
         """The directory `dumps(path)` writes into (created), or None when `path` is this storage's own directory

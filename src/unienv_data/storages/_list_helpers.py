@@ -3,7 +3,7 @@ naming the extra, capacity and count checks, atomic file replacement, hard-link-
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List
 
 import numpy as np
 

@@ -36,7 +36,7 @@ from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json,
                                     require_fields)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.leaf_storage import LeafStorage
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 
 from ._io_pool import map_io
@@ -48,7 +48,7 @@ from ._list_leaves import Leaf, LeafTree, ValueConverter, check_stored_space, de
 _ROW_FILE = re.compile(r"^(\d+)\.([A-Za-z0-9]+)$")
 
 
-class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """One file per row of a Box / Binary space in a directory, plus `<metadata_file>` (see the module docstring).
 
     Subclasses set `file_ext`, `metadata_file` and `reference_type` (the `storage_type` the reference writes), and
@@ -158,19 +158,8 @@ class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
     def cache_filename(self) -> Optional[str]:
         return self._dir
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
 
     @property
     def is_multiprocessing_safe(self) -> bool:
@@ -319,16 +308,8 @@ class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 out[int(m.group(1))] = name
         return out
 
-    def extend_length(self, length: int) -> None:
-        """Adds `length` rows (reading as zeros) at the end of a growable storage; a no-op for a fixed capacity."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "extend_length")
-        if not n:
-            return
-        self._check_owner("extend_length")
-        self._grow_to(self._length + n, False)
+    def _grow_rows(self, new_length: int) -> None:
+        self._grow_to(new_length, False)
 
     def _grow_to(self, new_len: int, written: bool) -> None:
         if new_len > self._written.shape[0]:  # grows geometrically, so appends stay amortised O(1)
@@ -352,21 +333,11 @@ class ListStorageBase(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             return
         self._grow_to(length, bool(written))
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows (and their files) from the end of a growable storage."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "shrink_length", maximum=self._length)
-        if not n:
-            return
-        self._check_owner("shrink_length")
-        new_len = self._length - n
+    def _drop_rows(self, new_len: int) -> None:
+        """Removes rows from `new_len` on, and their files."""
         self._length = new_len
         self._meta_dirty = True
-        self._segments.truncate(new_len)
-        if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
-            self.abort_segment()
+        self._shrunk_to(new_len)
         # metadata first (a crash leaves extra files, never a row recorded as written without its file)
         self._written[new_len:] = False
         if self._owner:

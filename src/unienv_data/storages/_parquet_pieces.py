@@ -13,7 +13,7 @@ import numpy as np
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.leaf_storage import LeafStorage
 from unienv_interface.space import Space
 
 from ._io_pool import map_io
@@ -23,7 +23,7 @@ from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _
                               piece_filename)
 
 
-class ParquetPieces(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a `ParquetStorage` in memory and in its piece files; the base of `ParquetStorage`, not used alone."""
 
     def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,
@@ -73,19 +73,8 @@ class ParquetPieces(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
     def cache_filename(self) -> Optional[str]:
         return self._dir
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
 
     @property
     def is_multiprocessing_safe(self) -> bool:

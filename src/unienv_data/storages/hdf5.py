@@ -49,7 +49,7 @@ from unienv_data.base.files import FORMAT_VERSION, PathLike, is_durable
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.leaf_storage import LeafStorage
 from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import space_to_json
@@ -80,7 +80,7 @@ if hasattr(os, "register_at_fork"):
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class HDF5Storage(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Samples of a NumPy DictSpace / Box / Binary / Text space in one HDF5 file (see the module docstring).
 
     `create(single_instance_space, capacity=None, cache_path=None, multiprocessing=False, initial_capacity=None,
@@ -255,19 +255,8 @@ class HDF5Storage(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, 
 
     # ------------------------------------------------------------------ properties
     @property
-    def capacity(self) -> Optional[int]:
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
     def cache_filename(self) -> Optional[str]:
         return self._path
-
-    @property
-    def is_mutable(self) -> bool:
-        return not self._read_only
 
     @property
     def is_multiprocessing_safe(self) -> bool:
@@ -367,32 +356,14 @@ class HDF5Storage(LeafTreeWrites, SpaceStorage[BatchT, BArrayType, BDeviceType, 
                 else:
                     _ll_write(col.ds, s, zeros)
 
-    def extend_length(self, length: int) -> None:
-        """Adds `length` zero rows at the end of a growable storage (a no-op for a fixed capacity)."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "extend_length")
-        if not n:
-            return
-        self._check_owner("extend_length")
-        new_len = self._length + n
+    def _grow_rows(self, new_len: int) -> None:
         if new_len > self._alloc:
             self._columns()
-            self._resize(max(new_len, 2 * self._alloc, 64) if n == 1 else new_len)
+            self._resize(max(new_len, 2 * self._alloc, 64) if new_len == self._length + 1 else new_len)
         self._length = new_len
         self._meta_dirty = True
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows from the end of a growable storage; their segments are forgotten."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "shrink_length", maximum=self._length)
-        if not n:
-            return
-        self._check_owner("shrink_length")
-        new_len = self._length - n
+    def _drop_rows(self, new_len: int) -> None:
         if self._seg_start is not None and self._seg_start + self._seg_len > new_len:
             self.abort_segment()
         before = self._segments.version

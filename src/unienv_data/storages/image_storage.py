@@ -326,27 +326,18 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._write_rows(norm.positions(), batch, persist=False)
 
     # ------------------------------------------------------------------ length
-    def extend_length(self, length: int) -> None:
-        """Adds `length` unwritten rows (read as zeros) to a growable storage; no-op for a fixed capacity."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
-            raise ValueError(f"extend_length needs a non-negative int, got {length!r}")
-        if length:
-            self._written = np.concatenate([self._written, np.zeros(int(length), dtype=bool)])
-            self._length += int(length)
-            self._meta_dirty = True
+    def _grow_rows(self, new_length: int) -> None:
+        """New rows are unwritten (read as zeros)."""
+        self._written = np.concatenate([self._written, np.zeros(new_length - self._length, dtype=bool)])
+        self._length = new_length
+        self._meta_dirty = True
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows (and their files) from the end of a growable storage; no-op for a fixed capacity."""
-        new_len = self._shrunk_length(length)
-        if new_len is None:
-            return
+    def _drop_rows(self, new_len: int) -> None:
+        """Removes rows from `new_len` on and their files (the metadata first)."""
+        self._shrunk_to(new_len)
         gone = np.flatnonzero(self._written[new_len:]) + new_len
         self._written = self._written[:new_len].copy()
         self._length = new_len
-        self._segments.truncate(new_len)
         self._write_metadata()
         for row in gone.tolist():
             remove_quietly(self._path(row))

@@ -39,7 +39,7 @@ from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
 from ._column_view import ColumnView
 from ._io_pool import map_io
-from ._list_storage import check_capacity, check_count, check_stored_space, link_or_copy
+from ._list_storage import check_capacity, check_stored_space, link_or_copy
 from ._parquet_format import (DEFAULT_KEY, METADATA_FILE, _check_codec, _dtype_name, _n_pieces, check_metadata,
                               directory_space, piece_filename)
 from ._parquet_pieces import ParquetPieces
@@ -160,17 +160,10 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
         return self._tree.assemble(self._read_leaves(self._norm(index)))
 
     # ------------------------------------------------------------------ length
-    def extend_length(self, length: int) -> None:
-        """Adds `length` zero rows at the end of a growable storage (a no-op for a fixed capacity)."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "extend_length")
-        if not n:
-            return
-        self._check_owner("extend_length")
+    def _grow_rows(self, new: int) -> None:
         ps = self._piece_size
-        old, new = self._length, self._length + n
+        old = self._length
+        n = new - old
         first = old // ps
         self._grow_loaded(_n_pieces(new, ps))
         if old % ps:
@@ -180,17 +173,9 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._length = new
         self._dirty.update(range(first, _n_pieces(new, ps)))
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows from the end of a growable storage; their segments are forgotten."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "shrink_length", maximum=self._length)
-        if not n:
-            return
-        self._check_owner("shrink_length")
+    def _drop_rows(self, new: int) -> None:
         ps = self._piece_size
-        old, new = self._length, self._length - n
+        old = self._length
         if new % ps:
             self._ensure_loaded(np.array([new // ps]), range(len(self._tree.leaves)))
             self._dirty.add(new // ps)
@@ -205,9 +190,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
             loaded[first_gone:] = True  # rows past the new end hold zeros from now on
         self._length = new
         self._disk_valid = min(self._disk_valid, new)
-        self._segments.truncate(new)
-        if self._seg_start is not None and self._seg_start + self._seg_len > new:
-            self.abort_segment()
+        self._shrunk_to(new)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""

@@ -596,24 +596,15 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._length = n
         self._meta_dirty = True
 
-    def extend_length(self, length: int) -> None:
-        """Adds `length` unwritten rows (read as zeros) at the end of a growable storage; no-op for a fixed capacity."""
-        self._check_writable()
-        if self._capacity is not None:
-            return
-        n = check_count(length, "extend_length")
-        if n:
-            self._grow_to(self._length + n)
+    def _grow_rows(self, new_length: int) -> None:
+        """New rows are unwritten (read as zeros)."""
+        self._grow_to(new_length)
 
-    def shrink_length(self, length: int) -> None:
-        """Removes `length` rows from the end of a growable storage (their segments are forgotten; files no row reads
-        any more are deleted); no-op for a fixed capacity."""
-        new_len = self._shrunk_length(length)
-        if new_len is None:
-            return
+    def _drop_rows(self, new_len: int) -> None:
+        """Removes rows from `new_len` on (files no row reads any more are deleted, after the metadata)."""
+        self._shrunk_to(new_len)
         freed = self._index.resize(new_len)
         self._length = new_len
-        self._segments.truncate(new_len)
         self._write_metadata()
         self._delete_files(freed)
 

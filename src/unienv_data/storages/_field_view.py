@@ -1,4 +1,4 @@
-"""`FieldView`: one field (a leaf or a sub-dict) inside a child storage that holds several keys, such as a native
+"""`ParentView`, a view of part of another storage, and `FieldView`: one field (a leaf or a sub-dict) inside a child storage that holds several keys, such as a native
 layout's per-dtype group `@float32` holding `action` and `obs/pos`. What `DictStorage.get_column` returns for a key
 that is not a child of its own.
 
@@ -24,61 +24,43 @@ def field_space(space: Space, path: Sequence[str]) -> Optional[Space]:
     return space
 
 
-class FieldView(SpaceStorage[Any, Any, Any, Any, Any]):
-    """The field at `path` (keys inside `child`'s space) of `child`, a storage whose space is a `DictSpace`."""
+class ParentView(SpaceStorage[Any, Any, Any, Any, Any]):
+    """A view of part of another storage (`_parent`): its length, capacity, mutability, multiprocessing safety and
+    segments are the parent's, and segments and the length change only through the parent (those calls raise
+    StorageStateError). Subclasses read and write rows (`get` / `set`) through the parent."""
 
-    def __init__(self, child: SpaceStorage, path: Sequence[str]) -> None:
-        space = field_space(child.single_instance_space, path)
-        if space is None:
-            raise KeyError(f"{type(child).__name__} holds no field {'/'.join(path)!r}")
-        super().__init__(space)
-        self._child = child
-        self._path: Tuple[str, ...] = tuple(path)
+    _parent: Any        # a SpaceStorage (subclasses call its storage-specific row methods)
+
+    @property
+    def parent(self) -> Any:
+        return self._parent
 
     @property
     def capacity(self) -> Optional[int]:
-        return self._child.capacity
+        return self._parent.capacity  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        return len(self._child)
+        return len(self._parent)
 
     @property
     def is_mutable(self) -> bool:
-        return self._child.is_mutable
+        return self._parent.is_mutable  # type: ignore[no-any-return]
 
     @property
     def is_multiprocessing_safe(self) -> bool:
-        return self._child.is_multiprocessing_safe
+        return self._parent.is_multiprocessing_safe  # type: ignore[no-any-return]
 
     def _check_open(self) -> None:
         super()._check_open()
-        self._child._check_open()
+        self._parent._check_open()
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         self._check_open()
-        return self._child.get_segments()
+        return self._parent.get_segments()  # type: ignore[no-any-return]
 
     def episode_segments(self) -> Optional[List[Tuple[int, int]]]:
         self._check_open()
-        return self._child.episode_segments()
-
-    def _pick(self, data: Any) -> Any:
-        for p in self._path:
-            data = data[p]
-        return data
-
-    def get(self, index: Any) -> Any:
-        self._check_open()
-        return self._pick(self._child.get(index))
-
-    def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
-        rows = self._child.get(index)
-        node: Dict[str, Any] = rows
-        for p in self._path[:-1]:
-            node = node[p]
-        node[self._path[-1]] = value
-        self._child.set(index, rows)
+        return self._parent.episode_segments()  # type: ignore[no-any-return]
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         self._check_open()
@@ -93,11 +75,41 @@ class FieldView(SpaceStorage[Any, Any, Any, Any, Any]):
     def open_segment_writer(self) -> Any:
         self._refuse()
 
-    def dumps(self, path: Any) -> None:
-        raise StorageStateError("a column view is saved with its parent storage; call dumps on the parent")
-
     def close(self) -> None:
         self._closed = True
 
 
-__all__ = ["FieldView", "field_space"]
+class FieldView(ParentView):
+    """The field at `path` (keys inside `child`'s space) of `child`, a storage whose space is a `DictSpace`."""
+
+    def __init__(self, child: SpaceStorage, path: Sequence[str]) -> None:
+        space = field_space(child.single_instance_space, path)
+        if space is None:
+            raise KeyError(f"{type(child).__name__} holds no field {'/'.join(path)!r}")
+        super().__init__(space)
+        self._parent = child
+        self._path: Tuple[str, ...] = tuple(path)
+
+    def _pick(self, data: Any) -> Any:
+        for p in self._path:
+            data = data[p]
+        return data
+
+    def get(self, index: Any) -> Any:
+        self._check_open()
+        return self._pick(self._parent.get(index))
+
+    def set(self, index: Any, value: Any) -> None:
+        self._check_writable()
+        rows = self._parent.get(index)
+        node: Dict[str, Any] = rows
+        for p in self._path[:-1]:
+            node = node[p]
+        node[self._path[-1]] = value
+        self._parent.set(index, rows)
+
+    def dumps(self, path: Any) -> None:
+        raise StorageStateError("a column view is saved with its parent storage; call dumps on the parent")
+
+
+__all__ = ["ParentView", "FieldView", "field_space"]

@@ -172,6 +172,15 @@ def logical_ranges(runs: Iterable[Run], offset: int, count: int, capacity: Optio
     return sorted(out)
 
 
+def run_inside(run: Run, offset: int, count: int, capacity: Optional[int]) -> bool:
+    """True when every row of `run` is among the `count` rows held from `offset`."""
+    if run[1] <= 0:
+        return True
+    if capacity is None:
+        return 0 <= run[0] and run[0] + run[1] <= count
+    return (run[0] - offset) % capacity + run[1] <= count
+
+
 def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Optional[int],
                             whole: Iterable[Run] = (), slack: int = 0) -> Tuple[int, int]:
     """The part of a committed window (`count` rows from `offset`) that stays intact while the rows of `victim`
@@ -198,7 +207,10 @@ def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Opti
     if not hit:
         return offset, count
     cut = max(b for _a, b in hit)
-    pieces = logical_ranges(runs, offset, count, capacity)
+    pieces = [(a, a + r[1]) for r in runs if run_inside(r, offset, count, capacity)
+              for a in ((r[0] - offset) % capacity,)]
+    pieces += logical_ranges([r for r in runs if not run_inside(r, offset, count, capacity)], offset, count,
+                             capacity)
     changed = True
     while changed:
         changed = False

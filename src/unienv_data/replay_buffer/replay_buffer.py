@@ -35,7 +35,7 @@ from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomi
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
-                                   subtract_run, tail_write, window_before_overwrite)
+                                   run_inside, tail_write, window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
@@ -687,7 +687,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         cap = meta["capacity"]
         window = (meta["offset"], meta["count"])
         self._disk_meta = meta
-        self._disk_runs = (meta, runs, [r for r in runs if subtract_run(r, window, cap)])
+        self._disk_runs = (meta, runs, [r for r in runs if not run_inside(r, window[0], window[1], cap)])
 
     def _guard_committed_rows(self, start: int, n: int) -> None:
         """Before physical rows `[start, start + n)` are overwritten: when the metadata.json of this buffer's own
@@ -714,9 +714,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if (self._st() if self._stored_storage is None else self._stored_storage).cache_filename is None:
             return                  # a copy in memory: the directory's rows do not change
         offset, count = window_before_overwrite(window[0], window[1], run, cap, runs, GUARD_SLACK_ROWS)
-        gone = (window[0], window[1] - count) if cap is not None else (count, window[1] - count)
-        kept = [not runs_overlap(r, run, cap) and not runs_overlap(r, gone, cap)
-                and not subtract_run(r, (offset, count), cap) for r in runs]
+        kept = [run_inside(r, offset, count, cap) for r in runs]   # the new window holds no victim row
         meta = dict(meta, offset=offset, count=count)
         key = self._segments_key()
         if meta.get(key) is not None:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
-from unienv_data.base.ring import window_before_overwrite
+from unienv_data.base.ring import run_inside, window_before_overwrite
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_data.replay_buffer.replay_buffer import GUARD_SLACK_ROWS
 from unienv_data.storages.flattened import FlattenedStorage
@@ -42,6 +42,13 @@ def test_window_gives_up_the_oldest_rows_through_the_victim() -> None:
     assert window_before_overwrite(10, 16, (14, 1), 16, [(14, 4), (2, 3)]) == (2, 8)
     # everything overwritten
     assert window_before_overwrite(3, 16, (0, 16), 16, [(3, 5)], 4) == (3, 0)
+
+
+def test_run_inside_a_window() -> None:
+    assert run_inside((5, 3), 5, 10, 16) and run_inside((12, 3), 5, 10, 16)
+    assert not run_inside((13, 3), 5, 10, 16) and not run_inside((4, 2), 5, 10, 16)
+    assert run_inside((14, 4), 10, 8, 16) and not run_inside((14, 4), 10, 7, 16)    # wrapping past the end
+    assert run_inside((2, 3), 0, 5, None) and not run_inside((2, 4), 0, 5, None)
 
 
 def test_growable_window_keeps_the_rows_before_the_victim() -> None:

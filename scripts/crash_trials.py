@@ -14,6 +14,15 @@ the ring has wrapped (random delay after a random number of episodes), so kills 
 * lose no committed episode: every committed episode among the newest `capacity - <longest episode>` rows (all of
   them for a growable buffer) is listed whole.
 
+Kill modes (`--mode`):
+
+  timer   (the default) the parent SIGKILLs the writer a random delay after a random number of episodes past the wrap
+  write   once the ring has wrapped, the writer SIGKILLs itself at a seeded call of storage code (every call into a
+          `unienv_data.storages` module is a candidate, each with probability 1/WRITE_KILL_ODDS): between the
+          field-by-field writes of one row, inside a segment commit or inside a `dumps`. It aims where a timer
+          rarely lands (a storage writing a row's fields one by one leaves a torn row if the kill falls between
+          two of them) and reproduces exactly per seed.
+
 Configurations (`--configs`, default all):
 
   flat-2000 / flat-64     FlattenedStorage over a memory-mapped PytorchTensorStorage, capacity 2000 with episodes
@@ -25,7 +34,7 @@ Configurations (`--configs`, default all):
   shared                  multiprocessing=True buffer, capacity 1000, native layout with a camera; the collector
                           is killed while committing (no dumps: every commit persists itself)
 
-    python scripts/crash_trials.py --trials 100 [--configs flat-64,shared] [--seed 0] [--keep DIR]
+    python scripts/crash_trials.py --trials 100 [--configs flat-64,shared] [--seed 0] [--keep DIR] [--mode write]
 
 It reuses the crash-test machinery of tests/ (row checksums, spaces, line output, semaphore cleanup). Prints one
 line per configuration, `<config>: <clean> of <trials> clean`, and the problems of failing trials (their
@@ -62,6 +71,24 @@ CONFIGS: Dict[str, Tuple[str, Optional[int], Tuple[int, int], bool]] = {
 }
 CAMERA = ("native", "video", "nativeh5")
 HANG_S = 120.0
+#: `--mode write`: each call into storage code after the wrap is the kill point with probability 1 / this
+WRITE_KILL_ODDS = 400
+
+
+class _KillInStorage:
+    """A profile hook: at each call into a `unienv_data.storages` module, SIGKILLs this process with probability
+    1 / WRITE_KILL_ODDS (a seeded generator, so a seed reproduces the same instant)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng([seed, 77])
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or not frame.f_globals.get("__name__", "").startswith("unienv_data.storages"):
+            return
+        if self.rng.integers(WRITE_KILL_ODDS) == 0:
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(10)  # never reached
 
 
 # ------------------------------------------------------------------------------------------------ episodes
@@ -113,9 +140,11 @@ def create(storage: str, path: str, cap: Optional[int], shared: bool) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ the writer
-def writer(config: str, seed: int, path: str, fd: int) -> None:
-    """The recording loop (never returns; SIGKILLed by the parent)."""
+def writer(config: str, seed: int, path: str, fd: int, mode: str = "timer") -> None:
+    """The recording loop (never returns; SIGKILLed by the parent, or by itself in mode "write")."""
     storage, cap, lens, shared = CONFIGS[config]
+    wrap = cap if cap is not None else 0
+    rows = 0
     out = cc._Out(fd)
     rb = create(storage, path, cap, shared)
     name = getattr(getattr(getattr(rb._state, "_lock", None), "_semlock", None), "name", None)
@@ -126,6 +155,8 @@ def writer(config: str, seed: int, path: str, fd: int) -> None:
     while True:
         n = episode_length(seed, eid, lens)
         data = episode(storage, seed, eid, n)
+        if mode == "write" and rows >= wrap and sys.getprofile() is None:
+            sys.setprofile(_KillInStorage(seed))
         out(f"BEGIN {eid} {n}")
         for t in range(n):
             if storage == "flat":
@@ -136,11 +167,13 @@ def writer(config: str, seed: int, path: str, fd: int) -> None:
         if not shared:
             rb.dumps(path)
         out(f"COMMITTED {eid} {n}")
+        rows += n
         eid += 1
 
 
-def run_trial(config: str, seed: int, path: str) -> Dict[str, Any]:
-    """Forks the writer, SIGKILLs its process group at a random instant after the ring wrapped; its lines."""
+def run_trial(config: str, seed: int, path: str, mode: str = "timer") -> Dict[str, Any]:
+    """Forks the writer, which is SIGKILLed at a random instant after the ring wrapped (by this process, or by
+    itself in mode "write"); its lines."""
     storage, cap, lens, shared = CONFIGS[config]
     rng = np.random.default_rng([seed, 99])
     wrap = cap if cap is not None else 0
@@ -152,7 +185,7 @@ def run_trial(config: str, seed: int, path: str) -> Dict[str, Any]:
         os.close(r)
         os.setpgid(0, 0)
         try:
-            writer(config, seed, path, w)
+            writer(config, seed, path, w, mode)
         except BaseException:  # noqa: BLE001 - report and die; the parent sees no further commits
             import traceback
             os.write(w, ("ERROR " + traceback.format_exc().replace("\n", " | ") + "\n").encode())
@@ -183,11 +216,11 @@ def run_trial(config: str, seed: int, path: str) -> Dict[str, Any]:
             lines.append(ln.decode())
             if ln.startswith(b"COMMITTED"):
                 rows += int(ln.split()[2])
-                if rows >= wrap:
+                if rows >= wrap and mode == "timer":
                     after_wrap += 1
                     if after_wrap >= extra and deadline is None:
                         deadline = time.monotonic() + delay
-            elif ln.startswith(b"READY") and wrap == 0 and deadline is None:
+            elif ln.startswith(b"READY") and wrap == 0 and deadline is None and mode == "timer":
                 deadline = time.monotonic() + 0.05 + delay
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -248,7 +281,10 @@ def verify(config: str, seed: int, path: str, res: Dict[str, Any]) -> List[str]:
             if len(problems) > 5:
                 return problems
     listed: Dict[int, Tuple[int, int]] = {}
-    wrapped = cap is not None and sum(n for _e, n in committed) > cap
+    # rows written: the committed episodes', plus those of the episode begun after them, whose commit point may
+    # have completed before the kill stopped its COMMITTED line
+    pending = episode_length(seed, begun, lens) if begun > (committed[-1][0] if committed else -1) else 0
+    wrapped = cap is not None and sum(n for _e, n in committed) + pending > cap
     for s, e in segs:
         seg_e = eids[s:e]
         seg_t = ts[s:e]
@@ -292,6 +328,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {list(CONFIGS)}")
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--keep", default=None, help="directory to keep failing trials in (default: a temp dir)")
+    ap.add_argument("--mode", choices=("timer", "write"), default="timer",
+                    help="who kills the writer: a timer in this process, or the writer itself inside storage code")
     args = ap.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -307,7 +345,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for seed in range(args.seed, args.seed + args.trials):
             path = os.path.join(keep, f"{config}-{seed}")
             shutil.rmtree(path, ignore_errors=True)
-            res = run_trial(config, seed, path)
+            res = run_trial(config, seed, path, args.mode)
             probs = verify(config, seed, path, res)
             n_commit = sum(ln.startswith("COMMITTED") for ln in res["lines"])
             if probs:

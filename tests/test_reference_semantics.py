@@ -242,7 +242,8 @@ def test_maintained_segments_on_disk_never_list_overwritten_rows(tmp_path: Path)
     rb.append(torch.full((2,), 99.0))          # row 0 of the first episode is overwritten
     assert on_disk() == [[3, 5]] and rb.get_segments() == [(0, 2), (2, 5)]
     crashed = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)   # what a crash now would leave
-    assert crashed.get_segments() == [(3, 6)]   # only the intact episode (under the count and offset of the dumps)
+    # only the intact episode, and only its rows: the window gave up the first episode before row 0 was written
+    assert crashed.get_segments() == [(0, 3)] and crashed.get_at(slice(None))[:, 0].tolist() == [3.0, 4.0, 5.0]
     crashed.close()
     rb.append(torch.full((2,), 98.0))
     rb.mark_segment_end()

@@ -170,3 +170,54 @@ def logical_ranges(runs: Iterable[Run], offset: int, count: int, capacity: Optio
                 merged.append((a, b))
         out.extend(merged)
     return sorted(out)
+
+
+def run_inside(run: Run, offset: int, count: int, capacity: Optional[int]) -> bool:
+    """True when every row of `run` is among the `count` rows held from `offset`."""
+    if run[1] <= 0:
+        return True
+    if capacity is None:
+        return 0 <= run[0] and run[0] + run[1] <= count
+    return (run[0] - offset) % capacity + run[1] <= count
+
+
+def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Optional[int],
+                            whole: Iterable[Run] = (), slack: int = 0) -> Tuple[int, int]:
+    """The part of a committed window (`count` rows from `offset`) that stays intact while the rows of `victim`
+    are overwritten, as a new `(offset, count)`; the window itself when `victim` misses it.
+
+    A ring gives up its oldest rows, through the newest victim row in the window (tail writes replace the oldest
+    rows, so the newest rows survive), then through the end of every run of `whole` the cut reaches (such a run
+    is lost as a whole once any of its rows is), then up to `slack` more rows that belong to no run of `whole`
+    (so that the next writes at the tail fall in rows already given up). A growable array (offset 0) keeps its
+    rows before the victim's first one and before every run of `whole` that reaches it."""
+    if count <= 0 or victim[1] <= 0:
+        return offset, count
+    runs = [r for r in whole if r[1] > 0]
+    if capacity is None:
+        new = min(count, victim[0])
+        changed = new < count
+        while changed:
+            changed = False
+            for s, n in runs:
+                if s < new < s + n:
+                    new, changed = s, True
+        return 0, new
+    hit = logical_ranges([victim], offset, count, capacity)
+    if not hit:
+        return offset, count
+    cut = max(b for _a, b in hit)
+    pieces = [(a, a + r[1]) for r in runs if run_inside(r, offset, count, capacity)
+              for a in ((r[0] - offset) % capacity,)]
+    pieces += logical_ranges([r for r in runs if not run_inside(r, offset, count, capacity)], offset, count,
+                             capacity)
+    changed = True
+    while changed:
+        changed = False
+        for a, b in pieces:
+            if a < cut < b:
+                cut, changed = b, True
+    if cut < count and slack > 0:
+        nxt = min([a for a, _b in pieces if a >= cut], default=count)
+        cut = min(nxt, cut + slack)
+    return physical_row(offset, cut, capacity), count - cut

@@ -44,7 +44,7 @@ from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomi
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
-                                   tail_write)
+                                   run_inside, tail_write, window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
@@ -61,6 +61,10 @@ from ._shared_state import LocalState, SharedState, adopt_shared_segments, persi
 
 
 _FIELD_MASK = (1 << 64) - 1
+#: Rows outside every segment that a guarded metadata rewrite gives up beyond the rows about to be overwritten
+#: (see `ReplayBuffer._guard_committed_rows`): a ring that records no episodes rewrites its metadata once per this
+#: many appends, and a kill hides at most this many intact rows besides those being written.
+GUARD_SLACK_ROWS = 64
 
 
 #: episodes a shared (`multiprocessing=True`) growable buffer can record (a shared-memory table of 16 bytes each;
@@ -160,6 +164,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._seg_start = 0
         self._seg_len = 0
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
+        #: `_disk_meta`, the segment runs its state shows and those of them reaching outside its window (see
+        #: `_guard_committed_rows`)
+        self._disk_runs: Optional[Tuple[Dict[str, Any], List[Tuple[int, int]], List[Tuple[int, int]]]] = None
         self._durable = True
         self._space_json: Optional[Dict[str, Any]] = None
         self._space_encoded: Optional[EncodedJSON] = None
@@ -304,7 +311,12 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if stored is not storage:
             rb._stored_storage = stored
         if not read_only:
-            rb._disk_meta = meta        # what the directory lists now: guarded before its rows are overwritten
+            # what the directory shows now: guarded before its rows are overwritten
+            try:
+                shown = list(runs or ()) if rb._own_segments else rb._runs_from_storage(storage)
+            except StorageStateError:   # children that disagree list no segment a guard must keep whole
+                shown = []
+            rb._remember_disk(meta, shown)
         adopt_shared_segments(rb, meta, runs, read_only)
         return rb
 
@@ -533,7 +545,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def _forget_rows(self, start: int, n: int, hidden: int = 0) -> None:
         """Drops every segment (the storage's and the buffer's) that rows `[start, start + n)` belong to; a shared
         buffer persists that, with its newest `hidden` rows (about to be written) left out of the count."""
-        self._guard_disk_segments(start, n)
+        self._guard_committed_rows(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
         persist_shared(self, hidden=hidden)     # before those rows are overwritten
@@ -614,7 +626,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 self._seg_open, self._seg_start, self._seg_len = True, tail, 0
                 opened = True
             if cap is not None and self._state.count == cap:
-                self._guard_disk_segments(tail_row(self._state.offset, self._state.count, cap), 1)
+                self._guard_committed_rows(tail_row(self._state.offset, self._state.count, cap), 1)
             try:
                 st.append(value)
             except BaseException:
@@ -691,7 +703,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             hidden = n if cap is not None and old[0] + n > cap else 0
             try:
                 persist_shared(self, drop=(start, n), hidden=hidden)
-                self._guard_disk_segments(start, n)
+                self._guard_committed_rows(start, n)
                 writer.commit(start)
             except BaseException:
                 self._state.count, self._state.offset = old
@@ -707,6 +719,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         st = self._st()
         with self._state.locked():
             self.abort_segment()
+            self._guard_committed_rows(0, st.capacity or max(len(st), 1))   # every row is zeroed
             st.clear()
             self._state.count, self._state.offset = 0, 0
             self._state.total_written = 0
@@ -715,6 +728,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 self._state.set_segments([])
 
     def _metadata(self) -> Dict[str, Any]:
+        return self._metadata_and_runs()[0]
+
+    def _metadata_and_runs(self) -> Tuple[Dict[str, Any], List[Tuple[int, int]]]:
+        """The metadata of the state now, and the segment runs (physical `(start, length)`) that state shows,
+        wherever they are kept (the buffer's list or the storage's)."""
         st = self._st()
         cap = st.capacity
         with self._state.locked():
@@ -733,7 +751,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing}
         if not self._maintain and self._own_segments:
             meta["buffer_segments"] = segs      # the reference reads `physical_segments` only
-        return meta
+        return meta, list(runs or ())
 
     def _segments_key(self) -> str:
         """The metadata key holding the buffer's own segment list."""
@@ -753,28 +771,52 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         return dict(meta, single_instance_space=self._space_text())
 
     def _write_metadata(self, path: PathLike) -> None:
-        meta = self._metadata()
+        meta, runs = self._metadata_and_runs()
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._meta_for_file(meta))
         if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
-            self._disk_meta = meta
+            self._remember_disk(meta, runs)
 
-    def _guard_disk_segments(self, start: int, n: int) -> None:
-        """Before rows `[start, start + n)` are overwritten: when this buffer's own directory lists a maintained
-        segment holding any of them, its metadata.json is rewritten without that segment (same count and offset,
-        atomically), so a crash before the next `dumps()` never leaves a listed segment holding other data. Once
-        left out, a segment is not written again until `dumps()`: one rewrite per segment, not per row."""
+    def _remember_disk(self, meta: Dict[str, Any], runs: List[Tuple[int, int]]) -> None:
+        """Records what this buffer's own metadata.json says now: `meta`, and the segment runs that state shows
+        (kept in it, or in the storage's files), for `_guard_committed_rows`."""
+        cap = meta["capacity"]
+        window = (meta["offset"], meta["count"])
+        self._disk_meta = meta
+        self._disk_runs = (meta, runs, [r for r in runs if not run_inside(r, window[0], window[1], cap)])
+
+    def _guard_committed_rows(self, start: int, n: int) -> None:
+        """Before physical rows `[start, start + n)` are overwritten: when the metadata.json of this buffer's own
+        directory shows any of them (its count / offset window) or lists a segment holding any of them, it is
+        rewritten (atomically) first, with the window shrunk to the rows that stay intact and without the segments
+        those rows belong to (`window_before_overwrite`). A kill while a row is being written (a storage writes a
+        row's fields one by one) or before the next commit point then reopens without that row: every row a
+        reopened directory shows holds what the last commit point, or an earlier one, left there.
+
+        The window gives up whole segments at a time (a segment that loses a row is gone anyway), and up to
+        `GUARD_SLACK_ROWS` rows outside every segment, so a ring that wraps rewrites the file about once per
+        overwritten episode, not once per row; the next commit point (`mark_segment_end`, `dumps`) restores the
+        full window."""
         meta = getattr(self, "_disk_meta", None)
-        if meta is None or not self._maintain or self.multiprocessing or not meta.get("physical_segments"):
+        if meta is None or self.multiprocessing or n <= 0:
             return
         cap = meta["capacity"]
         run = (start, n)
-        kept = [seg for seg in meta["physical_segments"]
-                if not runs_overlap((seg[0], run_length(seg[0], seg[1], cap)), run, cap)]
-        if len(kept) != len(meta["physical_segments"]):
-            meta = dict(meta, physical_segments=kept)
-            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
-                              self._meta_for_file(meta))
-            self._disk_meta = meta
+        window = (meta["offset"], meta["count"])
+        known = getattr(self, "_disk_runs", None)
+        runs, stray = (known[1], known[2]) if known is not None and known[0] is meta else ([], [])
+        if not runs_overlap(window, run, cap) and not any(runs_overlap(r, run, cap) for r in stray):
+            return                  # the common case: a row the directory does not show
+        if (self._st() if self._stored_storage is None else self._stored_storage).cache_filename is None:
+            return                  # a copy in memory: the directory's rows do not change
+        offset, count = window_before_overwrite(window[0], window[1], run, cap, runs, GUARD_SLACK_ROWS)
+        kept = [run_inside(r, offset, count, cap) for r in runs]   # the new window holds no victim row
+        meta = dict(meta, offset=offset, count=count)
+        key = self._segments_key()
+        if meta.get(key) is not None:
+            meta[key] = [[s, inclusive_end(s, k, cap)] for (s, k), keep in zip(runs, kept) if keep]
+        atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
+                          self._meta_for_file(meta))
+        self._remember_disk(meta, [r for r, keep in zip(runs, kept) if keep])
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
         """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). An ended episode of

@@ -81,7 +81,7 @@ def _reopen_copy(path: str, snap: str) -> Tuple[List[Tuple[int, int]], List[Tupl
     try:
         n = len(back)
         rows = back.get_at(np.arange(n)) if n else None
-        segs = list(back.get_segments() or [])
+        segs = list(back.episode_segments() or [])
     finally:
         back.close()
     shown = [] if rows is None else list(zip(rows["eid"].tolist(), rows["t"].tolist()))

@@ -2,8 +2,10 @@
 """Record a gymnasium environment into a ReplayBuffer, every finished episode persisted as it ends.
 
 The gymnasium env is seen through `FromGymnasiumEnv` (spaces converted: a Discrete action becomes an int64 box),
-and `ReplayBufferCollectionWrapper` records each step into the buffer's keys, ends a segment at each episode end
-and dumps the buffer then (`dump_on_episode_end`), so a crash loses at most the episode in progress. Needs
+and `ReplayBufferCollectionWrapper` records each step into the buffer's keys and ends a segment at each episode
+end. The buffer is on disk (`cache_path`), so every ended episode is persisted as it ends (the default per-episode
+durability, docs/guarantees.md): a crash loses at most the episode in progress, with no `dump_on_episode_end`
+(which would also rewrite every storage's own metadata after each episode). Needs
 gymnasium (`pip install 'unienv-storage[gym]'`).
 
     python examples/record_gym.py --out /tmp/cartpole --episodes 20
@@ -50,7 +52,7 @@ def record(env_id: str, out: str, episodes: int, max_steps: int, seed: int) -> R
     space = step_space(env)
     buffer = ReplayBuffer.create(DictStorage, space, cache_path=out, capacity=None, overwrite=True,
                                  **native_layout_kwargs(space))   # --out is replaced
-    recorder = ReplayBufferCollectionWrapper(env, buffer, dump_on_episode_end=True, dump_path=out)
+    recorder = ReplayBufferCollectionWrapper(env, buffer)     # each ended episode is persisted as it ends
     rng = B.random.random_number_generator(seed)          # the random policy's own generator
     for e in range(episodes):
         recorder.reset(seed=seed + e)

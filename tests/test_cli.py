@@ -387,3 +387,64 @@ def test_info_and_verify_read_an_hdf5_file_a_recorder_holds_open(tmp_path: Path)
         run_cli("verify", path)
     finally:
         st.close()
+
+
+_RECORD_AND_HANG = r"""
+import sys, time
+import numpy as np
+from unienv_interface.backends import NumpyComputeBackend as B
+from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_data.storages.dict_storage import DictStorage
+from unienv_data.storages.native_layout import native_layout_kwargs
+
+space = DictSpace(B, {"camera": BoxSpace(B, 0, 255, np.uint8, shape=(8, 8, 3)),
+                      "state": BoxSpace(B, -np.inf, np.inf, np.float32, shape=(4,)),
+                      "done": BinarySpace(B, ())})
+rb = ReplayBuffer.create(DictStorage, space, cache_path=sys.argv[1], capacity=200, overwrite=True,
+                         **native_layout_kwargs(space))
+for e, n in enumerate([10, 17, 24, 30]):
+    for t in range(n):
+        rb.append({"camera": np.full((8, 8, 3), e * 40 + t, np.uint8), "state": np.full(4, t, np.float32),
+                   "done": np.bool_(t == n - 1)})
+        if e == 3 and t == 12:
+            print("MID", flush=True)
+            time.sleep(600)
+    rb.mark_segment_end()
+"""
+
+
+def test_info_after_a_sigkill_sees_the_episodes_load_from_sees(tmp_path: Path) -> None:
+    """A fixed-capacity native-layout buffer killed mid-episode (no close): its episodes are only in the
+    DictStorage's commit log; `info` must read them from there as `load_from` does."""
+    import signal
+
+    from unienv_data.replay_buffer import ReplayBuffer
+    out = tmp_path / "killed"
+    child = subprocess.Popen([sys.executable, "-c", _RECORD_AND_HANG, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "MID"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert (out / "storage" / "dict_commit.log").is_file()
+    rb = ReplayBuffer.load_from(str(out), backend="numpy")
+    try:
+        episodes, length = rb.episode_segments(), len(rb)
+    finally:
+        rb.close()
+    assert episodes == [(0, 10), (10, 27), (27, 51)] and length == 51
+    d = run_json("info", out)
+    assert [tuple(e) for e in d["episodes"]] == episodes and d["length"] == length
+    for s in d["storages"]:
+        assert s["segments"] == 3, s
+    text = run_cli("info", out).stdout
+    assert "episodes 3: 51 steps" in text and "none recorded" not in text
+    assert "dict_commit.log" in text                        # the note says where the episodes came from
+    # the per-key line of a preallocated ring says it is the ring's file size, compared with that many raw rows
+    per_key = text.split("bytes per key")[1]
+    camera = next(line for line in per_key.splitlines() if line.strip().startswith("camera "))
+    assert "preallocated ring (200 rows): 1.00x raw" in camera, camera
+    report = json.loads(run_cli("verify", out, "--json", "-q").stdout)
+    assert report["ok"] is True, report["problems"]

@@ -401,6 +401,34 @@ def test_promotion_warning_is_emitted_once_and_names_keys(tmp_path: Any) -> None
     b.close()
 
 
+def test_warnings_at_create_and_append_point_at_the_callers_line(tmp_path: Any) -> None:
+    """A warning raised deep inside create / append (through the `SpaceStorage` wrappers, a replay buffer, a
+    DictStorage creating its children) is attributed to the line of user code that called the library."""
+    from unienv_data.base.errors import BoundsWarning
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    space = DictSpace(NB, {"stacklevelprobe_flag": BinarySpace(NB, ()),
+                           "stacklevelprobe_x": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(3,))})
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=2)
+    hits = [w for w in rec if issubclass(w.category, FlattenPromotionWarning)]
+    assert len(hits) == 1 and hits[0].filename == __file__, [(w.filename, w.lineno) for w in rec]
+    st.close()
+    space2 = DictSpace(NB, {"stacklevelprobe_a": BinarySpace(NB, ()),
+                            "stacklevelprobe_b": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,))})
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        rb = ReplayBuffer.create(DictStorage, space2, {"@flat": FlattenedStorage}, cache_path=str(tmp_path / "rb"),
+                                 capacity=4, groups={"@flat": ["stacklevelprobe_a", "stacklevelprobe_b"]},
+                                 type_kwargs={FlattenedStorage: {"inner_storage_cls": NumpyMemmapStorage}})
+        rb.append({"stacklevelprobe_a": np.bool_(True), "stacklevelprobe_b": np.array([5.0, 0.0], np.float32)})
+    kinds = {w.category: w.filename for w in rec if issubclass(w.category, (FlattenPromotionWarning, BoundsWarning))}
+    assert kinds == {FlattenPromotionWarning: __file__, BoundsWarning: __file__}, \
+        [(w.category.__name__, w.filename, w.lineno) for w in rec]
+    rb.close()
+
+
 def test_no_promotion_warning_when_nothing_inflates() -> None:
     space = DictSpace(TB, {"nowarn_a": BoxSpace(TB, -1.0, 1.0, torch.float32, shape=(2,)),
                            "nowarn_b": BoxSpace(TB, -INF, INF, torch.float32, shape=())})

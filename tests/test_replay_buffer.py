@@ -271,6 +271,23 @@ def test_a_backend_typo_is_the_callers_error_and_a_read_only_load_says_how_to_ap
     rw.close()
 
 
+def test_load_from_names_a_space_keyword_and_suggests_single_instance_space(tmp_path: Any) -> None:
+    """`space=` is not a `load_from` keyword (the reference's is `single_instance_space=`): the TypeError names it
+    and the right keyword, never an internal function's parameter."""
+    d = os.fspath(tmp_path / "buf")
+    rb = _numpy_memmap_create(d, 8)
+    write_episode(rb, [1, 2], NB)
+    rb.close()
+    wrong = BoxSpace(NB, 0.0, 1.0, np.float32, shape=(3,))
+    for given in (wrong, make_space(NB)):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'space'.*single_instance_space=") as info:
+            ReplayBuffer.load_from(d, backend="numpy", space=given)
+        assert "load_storage_as" not in str(info.value) and "multiple values" not in str(info.value)
+    ok = ReplayBuffer.load_from(d, backend="numpy", single_instance_space=make_space(NB))
+    assert all_ids(ok) == [1, 2]
+    ok.close()
+
+
 def test_close_of_a_memmap_buffer_persists_without_dumps(tmp_path: Any) -> None:
     d = os.fspath(tmp_path / "buf")
     rb = _torch_memmap_create(d, 4)

@@ -15,7 +15,6 @@ Rules (what "no silent casts" means here):
 from __future__ import annotations
 
 import difflib
-import warnings
 from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 
 from .errors import BoundsWarning
+from .warn import warn_user
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -237,9 +237,9 @@ class LeafConverter:
             return
         bad = int(np.flatnonzero(~ok.reshape(-1))[0])
         pos = tuple(int(p) for p in np.unravel_index(bad, vals.shape))
-        warnings.warn(f"{self.where}: value {vals.reshape(-1)[bad].item()!r} at position {pos} is outside the space "
+        warn_user(f"{self.where}: value {vals.reshape(-1)[bad].item()!r} at position {pos} is outside the space "
                       f"bounds [{lo.reshape(-1)[bad].item()!r}, {hi.reshape(-1)[bad].item()!r}]; it is stored as given "
-                      "(further values outside the bounds of this key are not reported)", BoundsWarning, stacklevel=2)
+                      "(further values outside the bounds of this key are not reported)", BoundsWarning)
         self.warned = True      # only once the warning did not raise: an "error" filter refuses every time
 
 

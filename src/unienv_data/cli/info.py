@@ -10,7 +10,7 @@ besides (a LeRobot dataset's fps, tasks and video codecs).
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -46,6 +46,16 @@ def raw_ratio(on_disk: int, raw: int) -> str:
     if ratio >= 0.1:
         return f"{ratio:.2f}x raw"
     return f"{100 * ratio:.2g}% of raw"
+
+
+def _ring_ratio(on_disk: int, raw: Optional[int], rows: int, ring_rows: int) -> str:
+    """The ratio column of a key held in preallocated ring files: their size is that of `ring_rows` rows (the
+    capacity) however many are written, so the ratio is against the raw bytes of that many rows (the total line
+    says how much of it the disk has allocated)."""
+    text = f"file size of a preallocated ring ({ring_rows} rows)"
+    if raw and rows:
+        text += ": " + raw_ratio(on_disk, raw * ring_rows // rows)
+    return text
 
 
 def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
@@ -90,6 +100,9 @@ def render(d: Dict[str, Any], all_episodes: bool = False) -> List[str]:
     for k, n in sorted(d["bytes_per_key"].items(), key=lambda kv: -kv[1]):
         r = raw.get(k)
         ratio = raw_ratio(n, r) if r else ""
+        ring_rows = (d.get("preallocated_rows_per_key") or {}).get(k)
+        if ring_rows is not None and ring_rows != d["length"]:
+            ratio = _ring_ratio(n, r, d["length"] or 0, ring_rows)
         rows.append([k, human_bytes(n), f"{100 * n / total:5.1f}%", human_bytes(r) if r is not None else "", ratio])
     lines.extend(table(rows))
     lines.append(disk_total_line(d))

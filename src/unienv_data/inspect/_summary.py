@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ._metadata import _int_or_none
 from ._records import ARRAY_KINDS, METADATA_BUCKET, StorageNode
@@ -48,21 +48,46 @@ def bytes_per_key(root: StorageNode) -> Dict[str, int]:
     counted under `"(metadata)"`, and a storage holding several leaves it does not split under its key."""
     out: Dict[str, int] = {}
 
-    def add(key: str, n: int) -> None:
+    def add(key: str, n: int, _sources: List[StorageNode]) -> None:
         out[key] = out.get(key, 0) + n
+
+    _visit_key_bytes(root, add)
+    return out
+
+
+def preallocated_rows_per_key(root: StorageNode) -> Dict[str, int]:
+    """The keys whose bytes are all in fixed-capacity array files (a ring's memory maps, created at their full
+    size), each with the rows those files are allocated for (the capacity)."""
+    caps: Dict[str, Optional[int]] = {}
+
+    def add(key: str, n: int, sources: List[StorageNode]) -> None:
+        if key == METADATA_BUCKET or not n:
+            return
+        for src in sources:
+            cap = src.capacity if src.kind in ARRAY_KINDS else None
+            caps[key] = cap if caps.get(key, cap) == cap else None
+
+    _visit_key_bytes(root, add)
+    return {k: c for k, c in caps.items() if c is not None}
+
+
+def _visit_key_bytes(root: StorageNode, add: Callable[[str, int, List[StorageNode]], None]) -> None:
+    """Calls `add(key, bytes, storages holding them)` for every share of the files below `root` (see
+    `bytes_per_key`)."""
 
     def visit(node: StorageNode) -> None:
         for f in node.files:
             if f.role == "metadata":
-                add(METADATA_BUCKET, f.size or 0)
+                add(METADATA_BUCKET, f.size or 0, [node])
         data = sum(f.size or 0 for f in node.files if f.role != "metadata")
         if node.kind == "FlattenedStorage" and isinstance(node.meta.get("layout"), list):
             for c in node.children:
                 for sub in c.iter():
                     for rec in sub.files:
                         if rec.role == "metadata":
-                            add(METADATA_BUCKET, rec.size or 0)
-            inner = sum(f.size or 0 for c in node.children for n in c.iter() for f in n.files if f.role != "metadata")
+                            add(METADATA_BUCKET, rec.size or 0, [sub])
+            holders = [n for c in node.children for n in c.iter() if any(f.role != "metadata" for f in n.files)]
+            inner = sum(f.size or 0 for n in holders for f in n.files if f.role != "metadata")
             entries = [e for e in node.meta["layout"] if isinstance(e, dict)]
             width = sum(int(e.get("size", 0)) for e in entries) or 1
             given = 0
@@ -70,16 +95,15 @@ def bytes_per_key(root: StorageNode) -> Dict[str, int]:
                 key_parts = node.prefix + tuple(p for p in str(e.get("key") or "").split("/") if p)
                 share = inner - given if i == len(entries) - 1 else inner * int(e.get("size", 0)) // width
                 given += share
-                add("/".join(key_parts) or "<value>", share)
+                add("/".join(key_parts) or "<value>", share, holders)
             return
         if data:
             leaves = node.leaves
-            add(leaves[0] if len(leaves) == 1 else (node.key or "{" + ", ".join(leaves) + "}"), data)
+            add(leaves[0] if len(leaves) == 1 else (node.key or "{" + ", ".join(leaves) + "}"), data, [node])
         for c in node.children:
             visit(c)
 
     visit(root)
-    return out
 
 
 def raw_bytes_per_key(space_json: Optional[Dict[str, Any]], rows: int) -> Dict[str, int]:
@@ -137,6 +161,7 @@ def describe(path: str) -> Dict[str, Any]:
         "space": space, "space_tree": safe(lambda: space_tree_lines(space) if space else [], [], "space tree"),
         "storages": storages, "bytes_per_key": safe(lambda: bytes_per_key(root), {}, "bytes per key"),
         "raw_bytes_per_key": safe(lambda: raw_bytes_per_key(space, rows), {}, "raw bytes per key"),
+        "preallocated_rows_per_key": safe(lambda: preallocated_rows_per_key(root), {}, "preallocated rows per key"),
         "total_bytes": root.nbytes(), "allocated_bytes": safe(lambda: allocated_bytes(path, root), None,
                                                                "allocated bytes"),
         "problems": problems,

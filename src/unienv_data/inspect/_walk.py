@@ -6,13 +6,16 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.ring import run_length
+from unienv_data.storages._dict_commit_log import LOG_FILE, read_log
 
 from ._fill_leaves import _apply_generic_meta, _fill_array, _fill_generic, _fill_hdf5, _fill_image, _fill_video
 from ._metadata import _inside, _int_or_none, _read_meta, _short
-from ._records import ARRAY_KINDS, DIRECTORY_METADATA, HDF5_EXTENSIONS, SIDECAR_SUFFIX, StorageNode
-from ._space_json import _prune_json, _sub_json, leaf_items
+from ._records import ARRAY_KINDS, DIRECTORY_METADATA, HDF5_EXTENSIONS, SIDECAR_SUFFIX, FileRecord, StorageNode
+from ._space_json import _prune_json, _sub_json, itemsize, leaf_items
 
 
 def detect(path: str) -> Tuple[str, str]:
@@ -204,12 +207,70 @@ def _fill_dict(root: str, node: StorageNode, meta: Dict[str, Any], space_json: O
     for c in node.children:
         if node.capacity is not None and c.capacity is not None and c.capacity != node.capacity:
             node.problems.append(f"{c.rel}: capacity {c.capacity} differs from the DictStorage's {node.capacity}")
+    _apply_commit_log(root, node)
     lengths = {c.length for c in node.children if c.length is not None}
     node.length = lengths.pop() if len(lengths) == 1 else node.length
     if len(lengths) > 1:
         node.problems.append(f"{node.rel}: children disagree on their length: "
                              f"{ {c.key: c.length for c in node.children} }")
     node.runs = node_runs(node)
+
+
+#: storages that keep no length or segments of their own: they report their inner storage's
+_WRAPPER_KINDS = ("FlattenedStorage", "TransformedStorage", "ToBackendOrDeviceStorage")
+
+
+def _log_chain(node: StorageNode) -> List[StorageNode]:
+    """The nodes from a DictStorage child down to the storage whose state the DictStorage's commit log holds (the
+    metadata-side view of `SpaceStorage._commit_log_leaf`: an array file whose sidecar keeps a segment list, under
+    any wrappers); empty when the child persists its state itself (video, images, HDF5)."""
+    chain = [node]
+    while node.kind in _WRAPPER_KINDS and node.children:
+        node = node.children[0]
+        chain.append(node)
+    if node.kind in ARRAY_KINDS and node.runs is not None:
+        return chain
+    return []
+
+
+def _apply_commit_log(root: str, node: StorageNode) -> None:
+    """Takes the committed length and segments from the DictStorage's commit log onto the children it holds them
+    for, as `DictStorage.load_from` does (after a crash the log is newer than those children's own files). The log
+    is read by the storages' own reader (`_dict_commit_log.read_log`); a damaged log is recorded as a problem."""
+    rel = os.path.normpath(os.path.join(node.rel, LOG_FILE))
+    full = os.path.join(root, rel)
+    if not os.path.isfile(full):
+        return
+    node.files.append(FileRecord(rel, "metadata", os.path.getsize(full)))
+    try:
+        logged = read_log(full, node.capacity)
+    except StorageFormatError as exc:
+        node.problems.append(str(exc).replace(full, rel))
+        return
+    if logged is None:
+        return
+    length, runs = logged
+    newer = False
+    for child in node.children:
+        chain = _log_chain(child)
+        if not chain:
+            continue
+        leaf = chain[-1]
+        newer = newer or leaf.length != length or leaf.runs != runs
+        leaf.length, leaf.runs = length, list(runs)
+        if leaf.capacity is None:           # a growable file must hold the committed rows
+            dtype, shape = leaf.meta.get("dtype"), leaf.meta.get("shape")
+            row_bytes = itemsize(dtype) * int(np.prod(shape or [], dtype=np.int64)) if dtype is not None else 0
+            for f in leaf.files:
+                if f.role == "data" and row_bytes:
+                    f.minimum = length * row_bytes
+                    f.detail = f"at least {length} rows ({row_bytes} bytes each; {rel} commits them)"
+        for wrapper in reversed(chain[:-1]):
+            inner = wrapper.children[0]
+            wrapper.length, wrapper.runs = inner.length, inner.runs
+    if newer:
+        node.notes.append(f"{rel}: the children's length and segments come from this commit log, newer than their "
+                          "own metadata files (the storage was not closed)")
 
 
 def _fill_flattened(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:

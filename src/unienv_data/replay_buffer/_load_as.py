@@ -32,13 +32,32 @@ def _host_candidates(space: Space) -> List[Any]:
     return out
 
 
-def load_storage_as(storage_cls: Type[SpaceStorage], full: str, space: Space, space_json: Dict[str, Any], *,
+def check_storage_kwargs(storage_cls: Type[SpaceStorage], kwargs: Dict[str, Any]) -> None:
+    """Refuses the keyword arguments `ReplayBuffer.load_from` would pass on to the storage (`**storage_kwargs`, as
+    the reference does) that are meant for `load_from` itself, with a TypeError that names the keyword and what
+    to pass instead (a `space=` would otherwise reach the storage, or clash with this module's own parameters)."""
+    if "space" in kwargs:
+        raise TypeError("ReplayBuffer.load_from() got an unexpected keyword argument 'space': pass the space as "
+                        "single_instance_space=... (it must equal the stored space; other keyword arguments go to "
+                        f"{storage_cls.__name__}.load_from)")
+    for name in ("storage_cls", "full", "space_json"):
+        if name in kwargs:
+            raise TypeError(f"ReplayBuffer.load_from() got an unexpected keyword argument {name!r} (the keyword "
+                            f"arguments besides backend, device, read_only, multiprocessing and "
+                            f"single_instance_space go to {storage_cls.__name__}.load_from, which takes no {name!r})")
+
+
+def load_storage_as(storage_cls: Type[SpaceStorage], full: str, space: Space, space_json: Dict[str, Any], /, *,
                     capacity: Optional[int], read_only: bool, multiprocessing: bool,
                     **kwargs: Any) -> Tuple[SpaceStorage, SpaceStorage]:
     """`(served, stored)`: the storage at `full` opened to serve `space`. When the storage cannot serve `space`'s
     backend / device itself (e.g. NumPy memmaps read as torch tensors, or data kept on the CPU served on a GPU), it
     is opened on the backend it was recorded with and wrapped in a `ToBackendOrDeviceStorage` that converts every
-    read and write (DLPack where the libraries allow it); `stored` is then the inner storage (what lies on disk)."""
+    read and write (DLPack where the libraries allow it); `stored` is then the inner storage (what lies on disk).
+
+    The first four parameters are positional-only, so that the caller's storage keyword arguments never clash
+    with them (`check_storage_kwargs` names the ones meant for `load_from` itself)."""
+    check_storage_kwargs(storage_cls, kwargs)
     try:
         st = storage_cls.load_from(full, space, capacity=capacity, read_only=read_only,
                                    multiprocessing=multiprocessing, **kwargs)

@@ -20,9 +20,12 @@ cannot hold (a fraction into an integer, 2 into a boolean). Observations are rec
 declared bounds too (the buffer's storage applies the library's bounds policy).
 
 Episode boundaries: an episode ends at `terminated or truncated`, and also when `reset()` starts a new one first,
-so episodes never run into each other. `dump_on_episode_end` / `dump_on_reset_boundary` call `buffer.dumps(...)`
-after each ended episode / each reset, making every finished episode durable: one buffer dumps to `dump_path`; with
-several buffers (per_env) buffer i dumps to `<dump_path>/<i>`, so no buffer overwrites another's dump.
+so episodes never run into each other. A buffer with a `cache_path` persists every ended episode by itself (its
+per-episode durability). `dump_on_episode_end` / `dump_on_reset_boundary` add a `buffer.dumps(...)` after each
+ended episode / each reset: into the buffer's own directory every storage then rewrites its own metadata (the
+directory alone is in the reference's form), into another one it is a full copy, and a buffer in memory gets its
+episodes onto disk that way. One buffer dumps to `dump_path`; with several buffers (per_env) buffer i dumps to
+`<dump_path>/<i>`, so no buffer overwrites another's dump.
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from unienv_data.base.warn import GENERATED_PREFIX
+
 if TYPE_CHECKING:
     from ._flat_layout import FlatRowPlan, _Leaf
 
@@ -249,7 +251,7 @@ def _define(name: str, lines: List[str], ns: Dict[str, Any], tag: str) -> Any:
     src = "\n".join(lines) + "\n"
     code = _CODE_CACHE.get(src)
     if code is None:
-        code = compile(src, f"<unienv flat-row codec {tag}>", "exec")   # the text is kept in CompiledCodec.source
+        code = compile(src, f"{GENERATED_PREFIX}flat-row codec {tag}>", "exec")   # the text is kept in CompiledCodec.source
         _CODE_CACHE[src] = code
         while len(_CODE_CACHE) > _CODE_CACHE_SIZE:
             _CODE_CACHE.popitem(last=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
-import warnings
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 
@@ -16,6 +15,7 @@ from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.warn import warn_user
 from unienv_data.base.wrapper import WrappedStorage
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, same_space_json, space_to_json
@@ -52,11 +52,11 @@ def _warn_promotion(plan: FlatRowPlan) -> None:
         return
     _WARNED.add(sig)
     keys = ", ".join(f"{k!r} ({dt} stored as {plan.row_dtype.name}, {f}x)" for k, dt, f in plan.inflated_leaves())
-    warnings.warn(
+    warn_user(
         f"FlattenedStorage promotes every leaf to one {plan.row_dtype.name} row: {row} bytes per sample for {native} "
         f"bytes of data ({row / native:.1f}x). Inflated keys: {keys}. Keep them in their own storage (a DictStorage "
         "with one array storage per key, or VideoStorage for images) and flatten only the low-dimensional keys.",
-        FlattenPromotionWarning, stacklevel=3)
+        FlattenPromotionWarning)
 
 
 def _describe_layout_difference(stored: List[Dict[str, Any]], wanted: List[Dict[str, Any]]) -> str:

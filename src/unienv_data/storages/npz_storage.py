@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+import math
 import os
+import threading
 import zipfile
 from typing import Any, Dict, Optional
 
@@ -106,20 +108,55 @@ class NPZStorage(ListStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BR
 
     def _decode(self, path: str) -> np.ndarray:
         try:
-            with np.load(path, allow_pickle=False) as z:
-                if not isinstance(z, np.lib.npyio.NpzFile):
-                    raise StorageFormatError(f"{path} is a plain .npy file, not an .npz archive holding 'data'")
-                if "data" not in z.files:
-                    raise StorageFormatError(f"{path} holds the arrays {z.files}, not 'data': it is not a row of "
-                                             "an NPZStorage")
-                return np.asarray(z["data"])
-        except FileNotFoundError:
-            raise
-        except StorageFormatError:
+            return _read_npz_data(path)
+        except (FileNotFoundError, StorageFormatError):
             raise
         except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as exc:
             raise StorageFormatError(f"{path} is not a readable .npz file ({type(exc).__name__}: {exc}); the file is "
                                      "truncated or damaged") from None
+
+
+#: NumPy parses a .npy header with `ast.literal_eval`; CPython 3.11's AST constructor is not thread-safe (rows are
+#: decoded by a thread pool, and concurrent parses raised "SystemError: AST constructor recursion depth mismatch",
+#: CPython gh-106905), so header parses take turns. Decompression and copying run in parallel.
+_HEADER_PARSE = threading.Lock()
+
+
+def _read_npz_data(path: str) -> np.ndarray:
+    """The array `data` of an .npz row file, read without pickles: `np.load` would do the same, except that its
+    header parse is not safe in threads on CPython 3.11 (see `_HEADER_PARSE`)."""
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as raw:    # FileNotFoundError passes through
+            magic = raw.read(6)
+        if magic == b"\x93NUMPY":
+            raise StorageFormatError(f"{path} is a plain .npy file, not an .npz archive holding 'data'")
+        raise StorageFormatError(f"{path} is not an .npz archive; the file is truncated or damaged")
+    with zipfile.ZipFile(path) as zf:
+        if "data.npy" not in zf.namelist():
+            names = [n[:-4] if n.endswith(".npy") else n for n in zf.namelist()]
+            raise StorageFormatError(f"{path} holds the arrays {names}, not 'data': it is not a row of an NPZStorage")
+        with zf.open("data.npy") as member:
+            f: Any = member             # a ZipExtFile: a buffered reader with readinto
+            version = np.lib.format.read_magic(f)
+            with _HEADER_PARSE:
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise StorageFormatError(f"{path}: .npy format version {version} is not supported (1.0, 2.0)")
+            if dtype.hasobject:
+                raise StorageFormatError(f"{path} holds Python objects (dtype {dtype}); rows hold plain arrays only")
+            out = np.empty(math.prod(shape), dtype=dtype)
+            view = out.view(np.uint8).data      # a writable byte view of the new array
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise StorageFormatError(f"{path}: 'data' holds {got} of its {len(view)} bytes; the file is "
+                                             "truncated or damaged")
+                got += n
+    return out.reshape(shape[::-1]).T if fortran else out.reshape(shape)
 
 
 __all__ = ["NPZStorage"]

@@ -20,13 +20,16 @@ from ._common import CLIError
 
 def add_lerobot_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `--to lerobot`."""
+    k = p.add_argument_group("keys (--to lerobot / --to minari)")
+    k.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
+                   help="write our key OURS (a/b or a.b) as THEIRS (repeatable): a LeRobot feature name, or a Minari "
+                        "field (observations, actions, rewards, terminations, truncations, next_observations; a "
+                        "ReplayBufferCollectionWrapper recording's obs, action, ... need no --map)")
+    k.add_argument("--exclude", action="append", default=[], metavar="KEY",
+                   help="leave our key KEY out (repeatable)")
     g = p.add_argument_group("LeRobot (--from lerobot / --to lerobot)")
     g.add_argument("--fps", type=int, default=None,
                    help="--to lerobot: frames per second of the dataset (default: SRC's, when it has one)")
-    g.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
-                   help="--to lerobot: write our key OURS (a/b or a.b) as the feature THEIRS (repeatable)")
-    g.add_argument("--exclude", action="append", default=[], metavar="KEY",
-                   help="--to lerobot: leave our key KEY out (repeatable)")
     g.add_argument("--task", default="", help="--to lerobot: the task text of every episode (default empty)")
     g.add_argument("--task-key", default=None, metavar="KEY",
                    help="--to lerobot: SRC key holding each frame's task index (e.g. task_index of data converted "
@@ -162,6 +165,11 @@ def check_lerobot_export(ds: Any, args: argparse.Namespace) -> int:
         raise CLIError("--to lerobot needs --fps N (a positive integer: LeRobot stores timestamps as frame / fps)")
     if args.lossless:
         raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
+    minari_only = [flag for flag, given in (("--minari-format", args.minari_format is not None),
+                                            ("--dataset-id", args.dataset_id is not None),
+                                            ("--final-observation", args.final_observation is not None)) if given]
+    if minari_only:
+        raise CLIError(f"{', '.join(minari_only)} apply to --to minari, not --to lerobot")
     if (args.task_key is None) != (args.task_names is None):
         raise CLIError("--task-key and --task-names go together (the indices and their texts)")
     return int(fps)

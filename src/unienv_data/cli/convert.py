@@ -26,7 +26,10 @@ Other tools' formats:
   (`--fps N`, default SRC's; SRC's keys are the feature names, nested keys joined with dots, or `--map ours=theirs`
   renames them, `--exclude KEY` leaves one out; uint8 (H, W, 3) keys become video cameras, the rest tabular
   features; `--task TEXT` is every episode's task, or `--task-key KEY --task-names FILE|DIR` every frame's);
-  `minari`, a folder that `minari.load_dataset` opens (`--minari-format`, `--dataset-id`, `--final-observation`).
+  `minari`, a folder that `minari.load_dataset` opens (`--minari-format`, `--dataset-id`, `--final-observation`;
+  SRC's keys `observations`, `actions`, ... or those of a ReplayBufferCollectionWrapper recording, `obs`, `action`,
+  `reward`, `terminated`, `truncated`, `next_obs`, are found by themselves, `--map KEY=FIELD` names others and
+  `--exclude KEY` leaves one out).
 * `--from` and `--to` combine (e.g. `--from lerobot --to minari`): the rows go through without a copy in between.
 """
 from __future__ import annotations
@@ -215,6 +218,16 @@ def run(args: argparse.Namespace) -> int:
         args.layout = DEFAULT_LAYOUTS[args.src_format]
     if (args.layout is None) == (args.dst_format is None):
         raise CLIError("give exactly one of --layout (a layout of this library) and --to (another tool's format)")
+    if args.dst_format is None:
+        export_only = [flag for flag, dest in (("--map", "map"), ("--exclude", "exclude"), ("--fps", "fps"),
+                                               ("--task", "task"), ("--task-key", "task_key"),
+                                               ("--task-names", "task_names"), ("--robot-type", "robot_type"),
+                                               ("--minari-format", "minari_format"), ("--dataset-id", "dataset_id"),
+                                               ("--final-observation", "final_observation"))
+                       if getattr(args, dest, None)]
+        if export_only:
+            raise CLIError(f"{', '.join(export_only)} apply to --to lerobot / --to minari (another tool's format), "
+                           "not to --layout")
     if args.layout is not None and args.layout != "native-video" and (
             args.lossless or args.crf is not None or args.codec != "auto"):
         raise CLIError("--codec, --lossless and --crf apply to --layout native-video")

@@ -175,6 +175,15 @@ def check_lerobot_export(ds: Any, args: argparse.Namespace) -> int:
     return int(fps)
 
 
+def lossy_video_notice(codec: str, crf: Any) -> str:
+    """The one line `--to lerobot` prints when it writes cameras: their video is lossy, and what to do about it."""
+    from unienv_data.integrations.lerobot_export import DEFAULT_ENCODER_OPTIONS
+    quality = f"crf {crf if crf is not None else DEFAULT_ENCODER_OPTIONS['crf']}"
+    return (f"cameras are written as lossy video ({codec}, {quality}): decoded frames differ from SRC's. LeRobot "
+            "videos have no lossless option here; a lower --crf (e.g. --crf 10) keeps them closer, and "
+            "--layout native (or native-video --lossless) keeps an exact copy")
+
+
 def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
     """Writes the opened dataset `ds` as a LeRobot v3.0 folder at `dst`: one LeRobot episode per episode of `ds` (a
     stretch of rows outside every episode becomes an episode of its own); returns the summary."""
@@ -195,8 +204,13 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
         notes.append(f"{outside} stretch(es) of rows outside any episode became episodes of their own")
     wanted = list(names) + ([task_key] if task_key and task_key not in names else [])
     gop = {} if getattr(args, "gop", None) is None else {"gop": args.gop}
+    spaces = {names[k]: ds.leaf_spaces[k] for k in names if features[names[k]][0] != "video"}
+    cameras = [k for k, v in features.items() if v[0] == "video"]
+    if cameras:
+        notice = lossy_video_notice(codec, args.crf)
+        notes.append(notice)
     writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options,
-                             **gop)
+                             spaces=spaces, **gop)
     try:
         for s, e, _is_episode in parts:
             writer.begin_episode(args.task)
@@ -211,7 +225,7 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
     except BaseException:
         writer.abort()
         raise
-    return {"format": f"LeRobot v3.0, {fps} fps", "fps": fps, "episodes": len(parts),
+    return {"format": f"LeRobot v3.0, {fps} fps", "fps": fps, "episodes": len(parts), "lossy_video": bool(cameras),
             "features": {k: list(v[1]) if v[0] == "video" else v[0] for k, v in features.items()}, "notes": notes}
 
 

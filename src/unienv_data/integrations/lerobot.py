@@ -88,7 +88,7 @@ def _recorded_spaces(layout: LeRobotLayout, features: List[str], backend: Any, d
             warnings.warn(f"{layout.root}: the space recorded for {k!r} in meta/{SPACES_FILE} does not fit the data "
                           f"({why}); LeRobot's own feature type is used", stacklevel=3)
             continue
-        layout.columns[k] = col.reshape((col.shape[0],) + tuple(space.shape))
+        layout.columns[k] = col.reshape((col.shape[0],) + tuple(space.shape or ()))
         out[k] = space
     return out
 

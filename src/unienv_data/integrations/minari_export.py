@@ -330,7 +330,12 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
     if covered != n:
         raise ValueError(f"{n - covered} of the source's {n} rows lie outside every episode; Minari holds only "
                          "episodes (convert those rows into episodes, or drop them, first)")
-    spaces = {f: _subspace(space, k) for f, k in src_keys.items()}
+    spaces: Dict[str, Space] = {}
+    for f, k in src_keys.items():
+        sub = _subspace(space, k)
+        if sub is None:     # resolve_keys found every key; a space that changed since is the caller's
+            raise KeyError(f"the source has no key {k!r}")
+        spaces[f] = sub
     obs_space = spaces["observations"]
     if has_next and space_to_minari_json(spaces["next_observations"]) != space_to_minari_json(obs_space):
         raise ValueError(f"the source's {src_keys['next_observations']!r} has another space than its "

@@ -387,3 +387,15 @@ def test_info_and_verify_read_an_hdf5_file_a_recorder_holds_open(tmp_path: Path)
         run_cli("verify", path)
     finally:
         st.close()
+
+
+def test_convert_refuses_flags_of_another_format(tmp_path: Path) -> None:
+    """A flag that does not apply to the conversion asked for is an error naming it, never silently ignored."""
+    src = tmp_path / "none"
+    for args, flag in ((["--layout", "native", "--map", "a=b"], "--map"),
+                       (["--layout", "native", "--fps", "10"], "--fps"),
+                       (["--layout", "native", "--no-next-obs"], "--no-next-obs"),
+                       (["--layout", "native", "--episode-column", "ep"], "--episode-column"),
+                       (["--to", "lerobot", "--dataset-id", "x-v0"], "--dataset-id")):
+        proc = run_cli("convert", src, tmp_path / "dst", *args, check=False)
+        assert proc.returncode != 0 and flag in proc.stderr, (args, proc.stderr)

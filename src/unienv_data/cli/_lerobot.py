@@ -165,11 +165,6 @@ def check_lerobot_export(ds: Any, args: argparse.Namespace) -> int:
         raise CLIError("--to lerobot needs --fps N (a positive integer: LeRobot stores timestamps as frame / fps)")
     if args.lossless:
         raise CLIError("--lossless is not available with --to lerobot (LeRobot videos are lossy mp4)")
-    minari_only = [flag for flag, given in (("--minari-format", args.minari_format is not None),
-                                            ("--dataset-id", args.dataset_id is not None),
-                                            ("--final-observation", args.final_observation is not None)) if given]
-    if minari_only:
-        raise CLIError(f"{', '.join(minari_only)} apply to --to minari, not --to lerobot")
     if (args.task_key is None) != (args.task_names is None):
         raise CLIError("--task-key and --task-names go together (the indices and their texts)")
     return int(fps)
@@ -179,9 +174,9 @@ def lossy_video_notice(codec: str, crf: Any) -> str:
     """The one line `--to lerobot` prints when it writes cameras: their video is lossy, and what to do about it."""
     from unienv_data.integrations.lerobot_export import DEFAULT_ENCODER_OPTIONS
     quality = f"crf {crf if crf is not None else DEFAULT_ENCODER_OPTIONS['crf']}"
-    return (f"cameras are written as lossy video ({codec}, {quality}): decoded frames differ from SRC's. LeRobot "
-            "videos have no lossless option here; a lower --crf (e.g. --crf 10) keeps them closer, and "
-            "--layout native (or native-video --lossless) keeps an exact copy")
+    return (f"cameras are written as lossy video ({codec}, {quality}, yuv420p): decoded frames differ from SRC's. "
+            "LeRobot videos have no lossless option; a lower --crf only narrows the average error, --layout native "
+            "(or native-video --lossless) keeps an exact copy")
 
 
 def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
@@ -229,4 +224,5 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
             "features": {k: list(v[1]) if v[0] == "video" else v[0] for k, v in features.items()}, "notes": notes}
 
 
-__all__ = ["add_lerobot_arguments", "check_lerobot_export", "is_lerobot_folder", "open_lerobot", "export_lerobot", "lerobot_features"]
+__all__ = ["add_lerobot_arguments", "check_lerobot_export", "is_lerobot_folder", "open_lerobot", "export_lerobot",
+           "lerobot_features", "lossy_video_notice"]

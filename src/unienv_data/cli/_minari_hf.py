@@ -78,12 +78,6 @@ def export_minari(src: Any, dst: str, args: argparse.Namespace, progress: Callab
     from ._lerobot import _parse_map
     if args.lossless or args.crf is not None or args.codec != "auto":
         raise CLIError("--codec, --lossless and --crf do not apply to --to minari (Minari keeps images as arrays)")
-    lerobot_only = [flag for flag, given in (("--fps", args.fps is not None), ("--task", bool(args.task)),
-                                             ("--task-key", args.task_key is not None),
-                                             ("--task-names", args.task_names is not None),
-                                             ("--robot-type", args.robot_type is not None)) if given]
-    if lerobot_only:
-        raise CLIError(f"{', '.join(lerobot_only)} apply to --to lerobot, not --to minari")
     try:
         return write_minari(src, dst, dataset_id=args.dataset_id, data_format=args.minari_format or "hdf5",
                             final_observation=args.final_observation or "next", chunk=args.chunk, progress=progress,

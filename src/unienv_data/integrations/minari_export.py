@@ -9,7 +9,8 @@ cannot hold is refused, never dropped); `source.episodes()` the `(start, end)` r
 episodes; `source.read(rows)` nested arrays of those rows (an `OpenedDataset` of `unienv_data.inspect`, or the
 `BatchSource` of a batch). Minari keeps `n + 1` observations for an `n`-step episode: the last one is the episode's
 last `next_observations` row (inside an episode each `next_observations` row must equal the next
-`observations` row, else the export is refused, since one of the two would be lost); a source without that key is refused unless `final_observation="repeat"` (the last
+`observations` row, else the export is refused, since one of the two would be lost); a source without that key is
+refused unless `final_observation="repeat"` (the last
 observation written twice, and the metadata says so under `unienv_final_observation`).
 
 Spaces map onto gymnasium's as minari serialises them: a float Box is a Box; an int64 scalar Box with finite
@@ -402,4 +403,5 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
             "rewards_dtype": reward_dtype, "path": os.path.abspath(dst)}
 
 
-__all__ = ["write_minari", "resolve_keys", "COLLECTION_KEYS", "FIELDS", "space_to_minari_json", "default_dataset_id", "MINARI_FORMAT_VERSION"]
+__all__ = ["write_minari", "resolve_keys", "COLLECTION_KEYS", "FIELDS", "space_to_minari_json", "default_dataset_id",
+           "MINARI_FORMAT_VERSION"]

@@ -448,3 +448,15 @@ def test_info_after_a_sigkill_sees_the_episodes_load_from_sees(tmp_path: Path) -
     assert "preallocated ring (200 rows): 1.00x raw" in camera, camera
     report = json.loads(run_cli("verify", out, "--json", "-q").stdout)
     assert report["ok"] is True, report["problems"]
+
+
+def test_convert_refuses_flags_of_another_format(tmp_path: Path) -> None:
+    """A flag that does not apply to the conversion asked for is an error naming it, never silently ignored."""
+    src = tmp_path / "none"
+    for args, flag in ((["--layout", "native", "--map", "a=b"], "--map"),
+                       (["--layout", "native", "--fps", "10"], "--fps"),
+                       (["--layout", "native", "--no-next-obs"], "--no-next-obs"),
+                       (["--layout", "native", "--episode-column", "ep"], "--episode-column"),
+                       (["--to", "lerobot", "--dataset-id", "x-v0"], "--dataset-id")):
+        proc = run_cli("convert", src, tmp_path / "dst", *args, check=False)
+        assert proc.returncode != 0 and flag in proc.stderr, (args, proc.stderr)

@@ -562,3 +562,58 @@ def test_round_trip_keeps_every_frames_task(tmp_path: Path) -> None:
     names.write_text(json.dumps(["pick the cube"]))       # index 1 and 2 have no text: refused, named
     assert _cli("convert", native, tmp_path / "x", "--to", "lerobot", "--fps", "10", "--task-key", "task_index",
                 "--task-names", names, "-q") == 1
+
+
+def test_lerobot_round_trip_keeps_bounds_and_scalar_shapes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`--to lerobot` then `--from lerobot`: the action's bounds and the scalar `done` come back as they were
+    (meta/unienv_spaces.json, which lerobot 0.4.4 ignores while reading the same values); the export says its video
+    is lossy and how to keep frames exact."""
+    from unienv_data.cli.convert import storage_for_layout
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+    B = NumpyComputeBackend
+    space = DictSpace(B, {"action": BoxSpace(B, -1.0, 1.0, np.float32, shape=(2,)),
+                          "reward": BoxSpace(B, -np.inf, np.inf, np.float32, shape=()),
+                          "step": BoxSpace(B, 0, 100, np.int64, shape=()),
+                          "done": BinarySpace(B, ()),
+                          "camera": BoxSpace(B, 0, 255, np.uint8, shape=(32, 32, 3))})
+    cls, kw = storage_for_layout(space, "native")
+    rb = ReplayBuffer.create(cls, space, cache_path=str(tmp_path / "rb"), capacity=None, **kw)
+    rng = np.random.default_rng(0)
+    rows = []
+    for ep_len in (6, 4):
+        for t in range(ep_len):
+            row = {"action": rng.uniform(-1, 1, 2).astype(np.float32), "reward": np.float32(t), "step": np.int64(t),
+                   "done": t == ep_len - 1, "camera": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)}
+            rows.append(row)
+            rb.append(row)
+        rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+    lr, back = tmp_path / "lr", tmp_path / "back"
+    capsys.readouterr()
+    assert _cli("convert", tmp_path / "rb", lr, "--to", "lerobot", "--fps", "10", "-q") == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "lossy" in line]
+    assert len(notes) == 1 and "--crf" in notes[0] and "--lossless" in notes[0], out
+    recorded = json.loads((lr / "meta" / "unienv_spaces.json").read_text())["features"]
+    assert set(recorded) == {"action", "reward", "step", "done"}
+    # lerobot itself opens the folder and reads the values written
+    theirs = _read_with_lerobot(lr, tmp_path)
+    for k in ("action", "reward", "step", "done"):
+        want = np.stack([r[k] for r in rows])
+        np.testing.assert_array_equal(theirs[k].reshape(want.shape), want, err_msg=k)
+    assert _cli("convert", lr, back, "--from", "lerobot", "--layout", "native", "-q") == 0
+    rb2 = ReplayBuffer.load_from(str(back), backend=B)
+    try:
+        sp = rb2.single_space
+        assert isinstance(sp["action"], BoxSpace) and sp["action"].shape == (2,)
+        assert np.all(sp["action"].low_numpy == -1.0) and np.all(sp["action"].high_numpy == 1.0)
+        assert isinstance(sp["done"], BinarySpace) and sp["done"].shape == ()
+        assert sp["reward"].shape == () and sp["step"].shape == ()
+        assert int(sp["step"].low_numpy) == 0 and int(sp["step"].high_numpy) == 100
+        got = rb2.get_at(slice(None))
+        for k in ("action", "reward", "step", "done"):
+            np.testing.assert_array_equal(got[k], np.stack([r[k] for r in rows]), err_msg=k)
+    finally:
+        rb2.close()

@@ -213,3 +213,114 @@ def test_from_hf_keeps_the_episodes_of_episode_index(tmp_path: Path) -> None:
     out = json.loads(run_cli("convert", src, tmp_path / "b", "--from", "hf", "--layout", "native",
                              "--episode-column", "none", "--json", "-q").stdout)
     assert out["episodes"] == 0
+
+
+def _record_cartpole(path: Path, episodes: int = 3, with_done: bool = False) -> Dict[str, List[np.ndarray]]:
+    """CartPole recorded as docs/gym.md prescribes (ReplayBufferCollectionWrapper, keys obs / action / next_obs /
+    reward / terminated / truncated); returns each episode's observations (n + 1), actions and rewards."""
+    gym = require_module("gymnasium", "gym")
+    from unienv_data.replay_buffer import ReplayBuffer, ReplayBufferCollectionWrapper
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    from unienv_interface.backends import NumpyComputeBackend as B
+    from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+    from unienv_interface.wrapper.gym_compat import FromGymnasiumEnv
+    env = FromGymnasiumEnv(gym.make("CartPole-v1"))
+    keys = {"obs": env.observation_space, "action": env.action_space, "next_obs": env.observation_space,
+            "reward": BoxSpace(B, -np.inf, np.inf, np.float32, shape=()),
+            "terminated": BinarySpace(B, ()), "truncated": BinarySpace(B, ())}
+    if with_done:
+        keys["done"] = BinarySpace(B, ())
+    step = DictSpace(B, keys)
+    buffer = ReplayBuffer.create(DictStorage, step, cache_path=str(path), capacity=None, **native_layout_kwargs(step))
+    rec = ReplayBufferCollectionWrapper(env, buffer)
+    rng = np.random.default_rng(0)
+    seen: Dict[str, List[np.ndarray]] = {"observations": [], "actions": [], "rewards": []}
+    for e in range(episodes):
+        _, obs, _ = rec.reset(seed=e)
+        o, a, r = [np.asarray(obs)], [], []
+        done = False
+        while not done:
+            act = np.int64(rng.integers(2))
+            obs, rew, term, trunc, _ = rec.step(act)
+            o.append(np.asarray(obs))
+            a.append(act)
+            r.append(rew)
+            done = bool(term or trunc)
+        seen["observations"].append(np.stack(o))
+        seen["actions"].append(np.asarray(a))
+        seen["rewards"].append(np.asarray(r, np.float32))
+    rec.close()
+    buffer.dumps(str(path))
+    buffer.close()
+    return seen
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_a_collection_wrapper_recording_exports_to_minari(fmt: str, tmp_path: Path) -> None:
+    """The keys docs/gym.md records with need no flag; minari reads the observations (the final one from next_obs),
+    actions and rewards that were recorded."""
+    seen = _record_cartpole(tmp_path / "cartpole", with_done=True)
+    root = tmp_path / "root"
+    proc = run_cli("convert", tmp_path / "cartpole", root / "cartpole-v0", "--to", "minari", "--minari-format", fmt,
+                   "--json", "-q")
+    assert json.loads(proc.stdout)["episodes"] == 3
+    read = read_with_minari(root, ["cartpole-v0"], tmp_path)
+    assert "Discrete(2)" in read["facts"]["cartpole-v0"]["action_space"]
+    for e in range(3):
+        for field in ("observations", "actions", "rewards"):
+            got = read["arrays"][f"cartpole-v0|ep{e}/{field}"]
+            np.testing.assert_array_equal(got, seen[field][e], err_msg=f"ep{e} {field}")
+        n = len(seen["actions"][e])
+        assert read["arrays"][f"cartpole-v0|ep{e}/observations"].shape == (n + 1, 4)
+        assert read["arrays"][f"cartpole-v0|ep{e}/terminations"].tolist() == [False] * (n - 1) + [True]
+
+
+def test_to_minari_map_exclude_and_the_error_that_says_how(tmp_path: Path) -> None:
+    """Keys of other names: the error names the fields, the keys and --map; --map / --exclude make the export; a key
+    Minari cannot hold is refused unless excluded; a next observation that is not the next step's is refused."""
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    from unienv_interface.backends import NumpyComputeBackend as B
+    from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
+    space = DictSpace(B, {"state": BoxSpace(B, -np.inf, np.inf, np.float32, shape=(3,)),
+                          "state_after": BoxSpace(B, -np.inf, np.inf, np.float32, shape=(3,)),
+                          "cmd": BoxSpace(B, -1.0, 1.0, np.float32, shape=(2,)),
+                          "r": BoxSpace(B, -np.inf, np.inf, np.float32, shape=()),
+                          "term": BinarySpace(B, ()), "trunc": BinarySpace(B, ()),
+                          "note": BoxSpace(B, 0, 9, np.int64, shape=())})
+    rng = np.random.default_rng(1)
+    states = rng.normal(size=(11, 3)).astype(np.float32)
+    src = tmp_path / "src"
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=str(src), capacity=None, **native_layout_kwargs(space))
+    for t in range(10):
+        rb.append({"state": states[t], "state_after": states[t + 1], "cmd": rng.uniform(-1, 1, 2).astype(np.float32),
+                   "r": np.float32(t), "term": t == 9, "trunc": False, "note": np.int64(t % 10)})
+    rb.mark_segment_end()
+    rb.dumps(str(src))
+    rb.close()
+    proc = run_cli("convert", src, tmp_path / "a-v0", "--to", "minari", check=False)
+    assert proc.returncode == 1
+    for words in ("observations", "actions", "--map", "'state'", "obs->observations"):
+        assert words in proc.stderr, (words, proc.stderr)
+    maps = ["--map", "state=observations", "--map", "state_after=next_observations", "--map", "cmd=actions",
+            "--map", "r=rewards", "--map", "term=terminations", "--map", "trunc=truncations"]
+    proc = run_cli("convert", src, tmp_path / "b-v0", "--to", "minari", *maps, check=False)
+    assert proc.returncode == 1 and "note" in proc.stderr and "--exclude" in proc.stderr, proc.stderr
+    proc = run_cli("convert", src, tmp_path / "c-v0", "--to", "minari", *maps, "--map", "note=infos", check=False)
+    assert proc.returncode == 1 and "infos" in proc.stderr, proc.stderr
+    run_cli("convert", src, tmp_path / "root" / "d-v0", "--to", "minari", *maps, "--exclude", "note", "-q")
+    read = read_with_minari(tmp_path / "root", ["d-v0"], tmp_path)
+    np.testing.assert_array_equal(read["arrays"]["d-v0|ep0/observations"], states)
+    np.testing.assert_array_equal(read["arrays"]["d-v0|ep0/rewards"], np.arange(10, dtype=np.float32))
+    # the same next observations as the state: row 0's is not row 1's state, so one would be lost
+    proc = run_cli("convert", src, tmp_path / "e-v0", "--to", "minari", "--map", "state_after=observations",
+                   "--map", "state=next_observations", *maps[4:], "--exclude", "note", check=False)
+    assert proc.returncode == 1 and "row 0" in proc.stderr and "lose" in proc.stderr, proc.stderr
+    # a flag of another format is refused, not ignored
+    proc = run_cli("convert", src, tmp_path / "f-v0", "--to", "minari", *maps, "--exclude", "note", "--fps", "10",
+                   check=False)
+    assert proc.returncode != 0 and "--fps" in proc.stderr
+    proc = run_cli("convert", src, tmp_path / "g", "--layout", "native", "--map", "state=observations", check=False)
+    assert proc.returncode != 0 and "--map" in proc.stderr

@@ -20,13 +20,16 @@ from ._common import CLIError
 
 def add_lerobot_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `--to lerobot`."""
+    k = p.add_argument_group("keys (--to lerobot / --to minari)")
+    k.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
+                   help="write our key OURS (a/b or a.b) as THEIRS (repeatable): a LeRobot feature name, or a Minari "
+                        "field (observations, actions, rewards, terminations, truncations, next_observations; a "
+                        "ReplayBufferCollectionWrapper recording's obs, action, ... need no --map)")
+    k.add_argument("--exclude", action="append", default=[], metavar="KEY",
+                   help="leave our key KEY out (repeatable)")
     g = p.add_argument_group("LeRobot (--from lerobot / --to lerobot)")
     g.add_argument("--fps", type=int, default=None,
                    help="--to lerobot: frames per second of the dataset (default: SRC's, when it has one)")
-    g.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
-                   help="--to lerobot: write our key OURS (a/b or a.b) as the feature THEIRS (repeatable)")
-    g.add_argument("--exclude", action="append", default=[], metavar="KEY",
-                   help="--to lerobot: leave our key KEY out (repeatable)")
     g.add_argument("--task", default="", help="--to lerobot: the task text of every episode (default empty)")
     g.add_argument("--task-key", default=None, metavar="KEY",
                    help="--to lerobot: SRC key holding each frame's task index (e.g. task_index of data converted "
@@ -167,6 +170,15 @@ def check_lerobot_export(ds: Any, args: argparse.Namespace) -> int:
     return int(fps)
 
 
+def lossy_video_notice(codec: str, crf: Any) -> str:
+    """The one line `--to lerobot` prints when it writes cameras: their video is lossy, and what to do about it."""
+    from unienv_data.integrations.lerobot_export import DEFAULT_ENCODER_OPTIONS
+    quality = f"crf {crf if crf is not None else DEFAULT_ENCODER_OPTIONS['crf']}"
+    return (f"cameras are written as lossy video ({codec}, {quality}, yuv420p): decoded frames differ from SRC's. "
+            "LeRobot videos have no lossless option; a lower --crf only narrows the average error, --layout native "
+            "(or native-video --lossless) keeps an exact copy")
+
+
 def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
     """Writes the opened dataset `ds` as a LeRobot v3.0 folder at `dst`: one LeRobot episode per episode of `ds` (a
     stretch of rows outside every episode becomes an episode of its own); returns the summary."""
@@ -187,8 +199,13 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
         notes.append(f"{outside} stretch(es) of rows outside any episode became episodes of their own")
     wanted = list(names) + ([task_key] if task_key and task_key not in names else [])
     gop = {} if getattr(args, "gop", None) is None else {"gop": args.gop}
+    spaces = {names[k]: ds.leaf_spaces[k] for k in names if features[names[k]][0] != "video"}
+    cameras = [k for k, v in features.items() if v[0] == "video"]
+    if cameras:
+        notice = lossy_video_notice(codec, args.crf)
+        notes.append(notice)
     writer = LeRobotV3Writer(dst, fps, features, robot_type=args.robot_type, codec=codec, encoder_options=options,
-                             **gop)
+                             spaces=spaces, **gop)
     try:
         for s, e, _is_episode in parts:
             writer.begin_episode(args.task)
@@ -203,8 +220,9 @@ def export_lerobot(ds: Any, dst: str, args: argparse.Namespace, progress: Callab
     except BaseException:
         writer.abort()
         raise
-    return {"format": f"LeRobot v3.0, {fps} fps", "fps": fps, "episodes": len(parts),
+    return {"format": f"LeRobot v3.0, {fps} fps", "fps": fps, "episodes": len(parts), "lossy_video": bool(cameras),
             "features": {k: list(v[1]) if v[0] == "video" else v[0] for k, v in features.items()}, "notes": notes}
 
 
-__all__ = ["add_lerobot_arguments", "check_lerobot_export", "is_lerobot_folder", "open_lerobot", "export_lerobot", "lerobot_features"]
+__all__ = ["add_lerobot_arguments", "check_lerobot_export", "is_lerobot_folder", "open_lerobot", "export_lerobot",
+           "lerobot_features", "lossy_video_notice"]

@@ -16,12 +16,12 @@ from ._common import CLIError
 def add_minari_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `--from minari` / `--to minari`."""
     g = p.add_argument_group("Minari (--from minari / --to minari)")
-    g.add_argument("--minari-format", choices=("hdf5", "arrow"), default="hdf5",
+    g.add_argument("--minari-format", choices=("hdf5", "arrow"), default=None,
                    help="--to minari: the data format to write (default hdf5)")
     g.add_argument("--dataset-id", default=None,
                    help="--to minari: the Minari dataset id (default: DST's folder name, with -v0 added when it has "
                         "no version); minari.load_dataset(ID) finds it when DST is MINARI_DATASETS_PATH/ID")
-    g.add_argument("--final-observation", choices=("next", "repeat"), default="next",
+    g.add_argument("--final-observation", choices=("next", "repeat"), default=None,
                    help="--to minari: where each episode's last observation comes from: the last "
                         "next_observations row (default), or the last observation repeated")
     p.add_argument_group("Hugging Face (--from hf)").add_argument(
@@ -75,11 +75,13 @@ def open_hf(path: str, backend: Any, args: argparse.Namespace) -> BatchSource:
 def export_minari(src: Any, dst: str, args: argparse.Namespace, progress: Callable[[int], None]) -> Dict[str, Any]:
     """Writes the opened dataset `src` as a Minari folder at `dst` (see `integrations.minari_export`)."""
     from unienv_data.integrations.minari_export import write_minari
+    from ._lerobot import _parse_map
     if args.lossless or args.crf is not None or args.codec != "auto":
         raise CLIError("--codec, --lossless and --crf do not apply to --to minari (Minari keeps images as arrays)")
     try:
-        return write_minari(src, dst, dataset_id=args.dataset_id, data_format=args.minari_format,
-                            final_observation=args.final_observation, chunk=args.chunk, progress=progress)
+        return write_minari(src, dst, dataset_id=args.dataset_id, data_format=args.minari_format or "hdf5",
+                            final_observation=args.final_observation or "next", chunk=args.chunk, progress=progress,
+                            keys=_parse_map(args.map), exclude=args.exclude)
     except (ValueError, TypeError) as exc:
         raise CLIError(f"--to minari: {exc}") from None
 

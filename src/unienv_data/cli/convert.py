@@ -26,7 +26,10 @@ Other tools' formats:
   (`--fps N`, default SRC's; SRC's keys are the feature names, nested keys joined with dots, or `--map ours=theirs`
   renames them, `--exclude KEY` leaves one out; uint8 (H, W, 3) keys become video cameras, the rest tabular
   features; `--task TEXT` is every episode's task, or `--task-key KEY --task-names FILE|DIR` every frame's);
-  `minari`, a folder that `minari.load_dataset` opens (`--minari-format`, `--dataset-id`, `--final-observation`).
+  `minari`, a folder that `minari.load_dataset` opens (`--minari-format`, `--dataset-id`, `--final-observation`;
+  SRC's keys `observations`, `actions`, ... or those of a ReplayBufferCollectionWrapper recording, `obs`, `action`,
+  `reward`, `terminated`, `truncated`, `next_obs`, are found by themselves, `--map KEY=FIELD` names others and
+  `--exclude KEY` leaves one out).
 * `--from` and `--to` combine (e.g. `--from lerobot --to minari`): the rows go through without a copy in between.
 """
 from __future__ import annotations
@@ -208,6 +211,36 @@ def run_export(args: argparse.Namespace, src: str, dst: str) -> int:
     return 0
 
 
+#: flags of one format: (flag, args attribute, the side it belongs to (`dst_format`: --to, `src_format`: --from), the
+#: formats of that side it applies to)
+FORMAT_FLAGS: List[Tuple[str, str, str, Tuple[str, ...]]] = [
+    ("--map", "map", "dst_format", ("lerobot", "minari")),
+    ("--exclude", "exclude", "dst_format", ("lerobot", "minari")),
+    ("--fps", "fps", "dst_format", ("lerobot",)),
+    ("--task", "task", "dst_format", ("lerobot",)),
+    ("--task-key", "task_key", "dst_format", ("lerobot",)),
+    ("--task-names", "task_names", "dst_format", ("lerobot",)),
+    ("--robot-type", "robot_type", "dst_format", ("lerobot",)),
+    ("--minari-format", "minari_format", "dst_format", ("minari",)),
+    ("--dataset-id", "dataset_id", "dst_format", ("minari",)),
+    ("--final-observation", "final_observation", "dst_format", ("minari",)),
+    ("--no-next-obs", "no_next_obs", "src_format", ("minari",)),
+]
+
+
+def _refuse_flags_of_other_formats(args: argparse.Namespace) -> None:
+    """A format's flag given for a conversion it does not apply to is a CLIError, never silently ignored."""
+    bad = []
+    for flag, dest, side, formats in FORMAT_FLAGS:
+        if getattr(args, dest, None) and getattr(args, side) not in formats:
+            option = "--to" if side == "dst_format" else "--from"
+            bad.append(f"{flag} applies to " + " / ".join(f"{option} {f}" for f in formats))
+    if getattr(args, "episode_column", "auto") != "auto" and args.src_format != "hf":
+        bad.append("--episode-column applies to --from hf")
+    if bad:
+        raise CLIError("; ".join(bad))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.chunk < 1:
         raise CLIError("--chunk must be at least 1")
@@ -215,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         args.layout = DEFAULT_LAYOUTS[args.src_format]
     if (args.layout is None) == (args.dst_format is None):
         raise CLIError("give exactly one of --layout (a layout of this library) and --to (another tool's format)")
+    _refuse_flags_of_other_formats(args)
     if args.layout is not None and args.layout != "native-video" and (
             args.lossless or args.crf is not None or args.codec != "auto"):
         raise CLIError("--codec, --lossless and --crf apply to --layout native-video")

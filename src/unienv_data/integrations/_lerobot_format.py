@@ -34,6 +34,24 @@ TABULAR_DTYPES = {name: np.dtype(name) for name in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 TABULAR_DTYPES["bool"] = np.dtype(np.bool_)
 CAMERA_DTYPES = ("video", "image")
+#: `meta/` file of a dataset `convert --to lerobot` wrote: the space of each tabular feature as this project had it
+#: (bounds, the scalar shape `()` that LeRobot stores as `[1]`); LeRobot does not read it, `LeRobotAsUniEnvDataset`
+#: does
+SPACES_FILE = "unienv_spaces.json"
+SPACES_FORMAT = "unienv_data LeRobot feature spaces"
+
+
+def read_recorded_spaces(root: str) -> Dict[str, Any]:
+    """`{feature name: space JSON}` of `meta/SPACES_FILE`; `{}` when the dataset has none. A damaged file is a
+    StorageFormatError (it was written by this project, so damage is not expected)."""
+    path = os.path.join(root, "meta", SPACES_FILE)
+    if not os.path.isfile(path):
+        return {}
+    raw = _read_json(path)
+    if not isinstance(raw, dict) or raw.get("format") != SPACES_FORMAT or not isinstance(raw.get("features"), dict):
+        raise StorageFormatError(f"{path}: expected {{'format': {SPACES_FORMAT!r}, 'features': {{name: space}}}}; "
+                                 "delete the file to read the dataset with LeRobot's own feature types")
+    return dict(raw["features"])
 
 
 @dataclass

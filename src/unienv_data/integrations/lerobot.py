@@ -54,6 +54,45 @@ def _feature_space(feature: LeRobotFeature, backend: Any, device: Any, fps: int)
     return BoxSpace(backend, low, high, dtype, device=device, shape=feature.shape, metadata=meta2)
 
 
+def _recorded_spaces(layout: LeRobotLayout, features: List[str], backend: Any, device: Any) -> Dict[str, Space]:
+    """The spaces `meta/unienv_spaces.json` records for tabular `features` (a dataset `convert --to lerobot` wrote:
+    bounds, scalar shapes); their columns of `layout` are reshaped to those shapes. A recorded space is passed over
+    (with a warning) when it no longer fits the feature or its values, e.g. after LeRobot itself edited the dataset."""
+    import warnings
+    from unienv_interface.space.space_utils.serialization_utils import json_to_space
+    from ._lerobot_format import SPACES_FILE, read_recorded_spaces
+    recorded = read_recorded_spaces(layout.root)
+    out: Dict[str, Space] = {}
+    for k in features:
+        f = layout.schema.features[k]
+        if k not in recorded or f.is_camera or k not in layout.columns:
+            continue
+        col = layout.columns[k]
+        why = None
+        try:
+            space = json_to_space(recorded[k], backend, device)
+        except (ValueError, TypeError) as exc:
+            raise StorageFormatError(f"{os.path.join(layout.root, 'meta', SPACES_FILE)}: feature {k!r}: {exc}") \
+                from None
+        if not isinstance(space, (BoxSpace, BinarySpace)):
+            why = f"a {type(space).__name__}"
+        else:
+            dtype = np.dtype(np.bool_) if isinstance(space, BinarySpace) else np.dtype(backend.numpy_dtype(space.dtype))
+            if dtype != col.dtype or int(np.prod(space.shape)) != int(np.prod(f.shape)):
+                why = f"{dtype} {tuple(space.shape)}, the feature is {col.dtype} {tuple(f.shape)}"
+            elif isinstance(space, BoxSpace) and col.size:
+                shaped = col.reshape((col.shape[0],) + tuple(space.shape))
+                if not (bool(np.all(shaped >= space.low_numpy)) and bool(np.all(shaped <= space.high_numpy))):
+                    why = "values outside its bounds"
+        if why is not None:
+            warnings.warn(f"{layout.root}: the space recorded for {k!r} in meta/{SPACES_FILE} does not fit the data "
+                          f"({why}); LeRobot's own feature type is used", stacklevel=3)
+            continue
+        layout.columns[k] = col.reshape((col.shape[0],) + tuple(space.shape or ()))
+        out[k] = space
+    return out
+
+
 def _select(schema: LeRobotSchema, include: Optional[Sequence[str]], exclude: Optional[Sequence[str]],
             decode_video: bool) -> List[str]:
     names = list(schema.features)
@@ -85,6 +124,7 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         self._features = list(features)
         self._device = device
         spaces = {k: _feature_space(self._schema.features[k], backend, device, self._schema.fps) for k in features}
+        spaces.update(_recorded_spaces(layout, features, backend, device))
         super().__init__(DictSpace(backend, spaces, device=device))
         self._n = layout.num_rows
         self._cameras: Dict[str, Any] = {}

@@ -11,7 +11,8 @@ Layout written (what lerobot 0.4.4 writes and reads): `data/chunk-000/file-000.p
 features, then `timestamp` = frame_index / fps, `frame_index`, `episode_index`, `index`, `task_index`),
 `videos/<camera>/chunk-000/file-000.mp4` (each camera's episodes one after another in one file, encoded by this
 project's video encoder, `storages._video_codec`; an episode's `from_timestamp` is where it starts), and `meta/`:
-`info.json`, `tasks.parquet`, `episodes/chunk-000/file-000.parquet`, `stats.json` (tabular features).
+`info.json`, `tasks.parquet`, `episodes/chunk-000/file-000.parquet`, `stats.json` (tabular features), and, when
+`spaces` are given, `unienv_spaces.json` (the source's space of each tabular feature: bounds, scalar shapes).
 
 Frames stream straight into the encoders and tabular rows into the parquet writer one episode at a time, so memory
 holds one episode's tabular rows at most. Every camera is written as `video` (AV1 by libsvtav1 at crf 30, GOP 2,
@@ -58,11 +59,15 @@ class LeRobotV3Writer:
     `features` maps each feature name to `(dtype, shape)`: a NumPy dtype name for tabular features (shape `()` or
     `(n,)`), or `"video"` with `(height, width, 3)` for a camera. `codec` / `encoder_options` / `gop` choose the
     video encoding (default: lerobot's own, AV1 crf 30 GOP 2; `codec="auto"` takes the first lossy encoder that works).
+    `spaces` (optional) maps tabular feature names to the `BoxSpace` / `BinarySpace` they come from: `finish` records
+    them in `meta/unienv_spaces.json` (bounds and scalar shapes LeRobot's info.json cannot say), which
+    `LeRobotAsUniEnvDataset` reads back and LeRobot ignores.
     """
 
     def __init__(self, root: str, fps: int, features: Mapping[str, Tuple[str, Sequence[int]]],
                  robot_type: Optional[str] = None, codec: str = DEFAULT_CODEC,
-                 encoder_options: Optional[Dict[str, Any]] = None, gop: int = DEFAULT_GOP) -> None:
+                 encoder_options: Optional[Dict[str, Any]] = None, gop: int = DEFAULT_GOP,
+                 spaces: Optional[Mapping[str, Any]] = None) -> None:
         import_optional("pyarrow", "parquet", "Writing LeRobot datasets")
         if isinstance(fps, bool) or not isinstance(fps, (int, np.integer)) or fps <= 0:
             raise ValueError(f"fps must be a positive int (LeRobot stores an integer fps), got {fps!r}")
@@ -90,6 +95,20 @@ class LeRobotV3Writer:
             self.tabular[name] = (dt, shape if shape else (1,))
         if not self.tabular and not self.cameras:
             raise ValueError("no features to write")
+        self._spaces: Dict[str, Dict[str, Any]] = {}
+        for name, space in (spaces or {}).items():
+            if name not in self.tabular:
+                raise KeyError(f"spaces names {name!r}, which is not a tabular feature (those are "
+                               f"{sorted(self.tabular)})")
+            from unienv_interface.space.space_utils.serialization_utils import space_to_json
+            js = space_to_json(space)
+            dt, shape = self.tabular[name]
+            declared = "bool" if js.get("type") == "BinarySpace" else str(np.dtype(space.backend.numpy_dtype(
+                space.dtype)))
+            if declared != dt.name or int(np.prod(space.shape)) != int(np.prod(shape)):
+                raise ValueError(f"feature {name!r}: its space ({declared} {tuple(space.shape)}) does not match the "
+                                 f"feature ({dt.name} {shape})")
+            self._spaces[name] = js
         os.makedirs(self.root, exist_ok=True)
         self._codec_request = codec
         self._encoder_options = dict(DEFAULT_ENCODER_OPTIONS if encoder_options is None else encoder_options)
@@ -290,6 +309,9 @@ class LeRobotV3Writer:
             stats[name] = {"min": a.min(0).tolist(), "max": a.max(0).tolist(), "mean": a.mean(0).tolist(),
                            "std": a.std(0).tolist(), "count": [int(a.shape[0])]}
         atomic_write_json(os.path.join(meta, "stats.json"), stats)
+        if self._spaces:
+            from ._lerobot_format import SPACES_FILE, SPACES_FORMAT
+            atomic_write_json(os.path.join(meta, SPACES_FILE), {"format": SPACES_FORMAT, "features": self._spaces})
         atomic_write_json(os.path.join(meta, "info.json"), info)   # last: its presence marks a complete dataset
         self._finished = True
         return info

@@ -2,10 +2,15 @@
 
 `write_minari(source, dst, dataset_id=None, data_format="hdf5", progress=None)` writes `dst/data/` from a source
 whose rows are steps: `source.space` a DictSpace with `observations`, `actions`, `rewards`, `terminations`,
-`truncations` and optionally `next_observations`; `source.episodes()` the `(start, end)` row ranges of the
+`truncations` and optionally `next_observations` - or the keys a `ReplayBufferCollectionWrapper` records (`obs`,
+`action`, `reward`, `terminated`, `truncated`, `next_obs`; a `done` key is checked to be `terminated or truncated`
+and left out), or any keys named with `keys={source key: field}` (`exclude=[...]` leaves keys out; a key Minari
+cannot hold is refused, never dropped); `source.episodes()` the `(start, end)` row ranges of the
 episodes; `source.read(rows)` nested arrays of those rows (an `OpenedDataset` of `unienv_data.inspect`, or the
 `BatchSource` of a batch). Minari keeps `n + 1` observations for an `n`-step episode: the last one is the episode's
-last `next_observations` row; a source without that key is refused unless `final_observation="repeat"` (the last
+last `next_observations` row (inside an episode each `next_observations` row must equal the next
+`observations` row, else the export is refused, since one of the two would be lost); a source without that key is
+refused unless `final_observation="repeat"` (the last
 observation written twice, and the metadata says so under `unienv_final_observation`).
 
 Spaces map onto gymnasium's as minari serialises them: a float Box is a Box; an int64 scalar Box with finite
@@ -21,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -34,6 +39,12 @@ WHO = "write_minari"
 #: The minari release whose on-disk layout this writer follows (minari 0.5.0 and later read it).
 MINARI_FORMAT_VERSION = "0.5.0"
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
+#: every field a source key can be mapped to: the required ones and the observation after each step
+FIELDS = REQUIRED_KEYS + ("next_observations",)
+#: the keys of a `ReplayBufferCollectionWrapper` recording (`replay_buffer.collection_wrapper.CANONICAL_KEYS`) and the
+#: Minari field each holds; its `done` is checked against terminations / truncations and left out
+COLLECTION_KEYS = {"obs": "observations", "next_obs": "next_observations", "action": "actions",
+                   "reward": "rewards", "terminated": "terminations", "truncated": "truncations"}
 _DATASET_ID = re.compile(r"^([\w.-]+/)*[\w.]+(-[\w.]+)*-v\d+$")
 
 
@@ -100,19 +111,115 @@ def _leaf_array(space: Space, value: Any, backend: Any) -> np.ndarray:
     return arr
 
 
-def _check_space(space: Space) -> bool:
+def _leaf_keys(space: Space, prefix: str = "") -> List[str]:
+    if isinstance(space, DictSpace):
+        out: List[str] = []
+        for k, sp in space.spaces.items():
+            out.extend(_leaf_keys(sp, f"{prefix}{k}/"))
+        return out
+    return [prefix.rstrip("/")]
+
+
+def _subspace(space: Space, key: str) -> Optional[Space]:
+    """The space of the (possibly nested, `a/b`) key of a DictSpace, None when there is no such key."""
+    for part in key.split("/"):
+        if not isinstance(space, DictSpace) or part not in space.spaces:
+            return None
+        space = space.spaces[part]
+    return space
+
+
+def _value(row: Any, key: str) -> Any:
+    for part in key.split("/"):
+        row = row[part]
+    return row
+
+
+def _under(leaf: str, key: str) -> bool:
+    return leaf == key or leaf.startswith(key + "/")
+
+
+def resolve_keys(space: Space, keys: Optional[Mapping[str, str]] = None,
+                 exclude: Sequence[str] = ()) -> Tuple[Dict[str, str], Optional[str]]:
+    """`({minari field: source key}, the source's `done` key or None)` for a source of `space`.
+
+    `keys` maps source keys (nested ones as `a/b`) to Minari fields (`observations`, `actions`, `rewards`,
+    `terminations`, `truncations`, `next_observations`); a field it does not name is taken from the source key of the
+    same name, else from the `ReplayBufferCollectionWrapper` key that holds it (`COLLECTION_KEYS`). `exclude` names
+    source keys left out. A `done` key is left out too once the export has checked it is `terminations or
+    truncations` on every row (the second value). Any other source key is a ValueError: Minari would lose it."""
     if not isinstance(space, DictSpace):
         raise ValueError(f"a Minari export needs rows that are dicts with the keys {list(REQUIRED_KEYS)}; the "
                          f"source's space is a {type(space).__name__}")
-    missing = [k for k in REQUIRED_KEYS if k not in space.spaces]
+    keys = {k.replace(".", "/") if _subspace(space, k) is None else k: v for k, v in (keys or {}).items()}
+    excluded = [k.replace(".", "/") if _subspace(space, k) is None else k for k in exclude]
+    leaves = _leaf_keys(space)
+    unknown = [k for k in list(keys) + excluded if _subspace(space, k) is None]
+    if unknown:
+        raise ValueError(f"the key(s) {unknown} given to map or exclude are not in the source; its keys are {leaves}")
+    bad = {k: v for k, v in keys.items() if v not in FIELDS}
+    if bad:
+        raise ValueError(f"{bad}: a key can only be mapped to a Minari field, one of {list(FIELDS)}")
+    fields: Dict[str, str] = {}
+    for ours, field in keys.items():
+        if field in fields:
+            raise ValueError(f"the source keys {fields[field]!r} and {ours!r} are both mapped to {field!r}")
+        fields[field] = ours
+    taken = set(keys) | set(excluded)
+    for field in FIELDS:
+        if field in fields:
+            continue
+        candidates = [field] + [k for k, f in COLLECTION_KEYS.items() if f == field]
+        for cand in candidates:
+            if cand in space.spaces and cand not in taken:
+                fields[field] = cand
+                taken.add(cand)
+                break
+    missing = [f for f in REQUIRED_KEYS if f not in fields]
     if missing:
-        raise ValueError(f"a Minari export needs the keys {list(REQUIRED_KEYS)}; the source lacks {missing} (it has "
-                         f"{sorted(space.spaces)})")
-    extra = sorted(set(space.spaces) - set(REQUIRED_KEYS) - {"next_observations"})
-    if extra:
-        raise ValueError(f"the source has keys Minari cannot hold: {extra} (minari keeps {list(REQUIRED_KEYS)} and "
-                         "infos); drop them first")
-    return "next_observations" in space.spaces
+        wrapper = {f: k for k, f in COLLECTION_KEYS.items()}
+        raise ValueError(
+            f"a Minari export needs the fields {list(REQUIRED_KEYS)}; no key of the source holds {missing} (its keys "
+            f"are {leaves}). Minari's own names and those of a ReplayBufferCollectionWrapper recording "
+            f"({', '.join(f'{wrapper[f]}->{f}' for f in FIELDS)}) are found by themselves; name the others with "
+            f"--map KEY=FIELD (write_minari(keys={{KEY: FIELD}})), e.g. --map {leaves[0]}={missing[0]}")
+    done: Optional[str] = None
+    if "done" in space.spaces and "done" not in taken:
+        done = "done"
+        taken.add(done)
+    left = [leaf for leaf in leaves if not any(_under(leaf, k) for k in taken)]
+    if left:
+        raise ValueError(f"the source has keys Minari cannot hold: {left} (Minari keeps {list(REQUIRED_KEYS)}, the "
+                         "observation after each episode's last step, and infos); leave them out with --exclude KEY "
+                         "(write_minari(exclude=[KEY])), or map one onto a field with --map KEY=FIELD")
+    return fields, done
+
+
+def _equal_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of `a` and `b`: whether they hold the same values (NaN equal to NaN)."""
+    if a.dtype == object:
+        return np.asarray([x == y for x, y in zip(a.tolist(), b.tolist())], dtype=bool)
+    same = a == b
+    if a.dtype.kind in "fc":
+        same |= np.isnan(a) & np.isnan(b)
+    return same.reshape(same.shape[0], int(np.prod(same.shape[1:]))).all(axis=1)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(_equal_rows(a, b).all())
+
+
+def _check_done(parts: List[Any], key: str, fields: Dict[str, List[Tuple[Tuple[Any, ...], np.ndarray]]],
+                backend: Any, start: int) -> None:
+    """The source's `done` must be `terminations or truncations` on every row: then leaving it out loses nothing."""
+    done = np.concatenate([np.asarray(v if isinstance(v, np.ndarray) else backend.to_numpy(v))
+                           for v in (_value(p, key) for p in parts)]).astype(np.bool_).reshape(-1)
+    either = (fields["terminations"][0][1] | fields["truncations"][0][1]).reshape(-1)
+    if done.shape != either.shape or not np.array_equal(done, either):
+        bad = start + int(np.flatnonzero(done != either)[0]) if done.shape == either.shape else start
+        raise ValueError(f"row {bad}: the source's {key!r} is not terminations or truncations, so Minari (which keeps "
+                         f"only those two) would lose it; leave it out with --exclude {key} (write_minari("
+                         f"exclude=[{key!r}])) if it may be dropped")
 
 
 def default_dataset_id(dst: str) -> str:
@@ -195,18 +302,25 @@ class _ArrowWriter:
 
 def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_format: str = "hdf5",
                  final_observation: str = "next", chunk: int = 256,
-                 progress: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
-    """Writes `source` as a Minari dataset at `dst` (see the module docstring); returns a summary dict."""
+                 progress: Optional[Callable[[int], None]] = None, keys: Optional[Mapping[str, str]] = None,
+                 exclude: Sequence[str] = ()) -> Dict[str, Any]:
+    """Writes `source` as a Minari dataset at `dst` (see the module docstring); returns a summary dict.
+
+    `keys` / `exclude` pick the source keys of the Minari fields (see `resolve_keys`; a recording of
+    `ReplayBufferCollectionWrapper` needs neither). Each step's next observation must be the next step's observation
+    inside an episode (Minari stores one sequence of observations); a source where it is not is refused."""
     if data_format not in ("hdf5", "arrow"):
         raise ValueError(f"data_format must be 'hdf5' or 'arrow', got {data_format!r}")
     if final_observation not in ("next", "repeat"):
         raise ValueError(f"final_observation must be 'next' or 'repeat', got {final_observation!r}")
     space = source.space
-    has_next = _check_space(space)
+    src_keys, done_key = resolve_keys(space, keys, exclude)
+    has_next = "next_observations" in src_keys
     if not has_next and final_observation != "repeat":
         raise ValueError("Minari keeps the observation after each episode's last step, and the source has no "
-                         "'next_observations' to take it from; add that key, or accept repeating the last "
-                         "observation (final_observation='repeat', CLI: --final-observation repeat)")
+                         "'next_observations' (or 'next_obs') to take it from; add that key (or map one onto it: "
+                         "--map KEY=next_observations), or accept repeating the last observation "
+                         "(final_observation='repeat', CLI: --final-observation repeat)")
     dataset_id = dataset_id or default_dataset_id(dst)
     if not _DATASET_ID.match(dataset_id):
         raise ValueError(f"dataset_id {dataset_id!r} is not a Minari id: (namespace/)name-v<version>, e.g. "
@@ -217,10 +331,18 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
     if covered != n:
         raise ValueError(f"{n - covered} of the source's {n} rows lie outside every episode; Minari holds only "
                          "episodes (convert those rows into episodes, or drop them, first)")
-    obs_space = space.spaces["observations"]
-    act_space = space.spaces["actions"]
+    spaces: Dict[str, Space] = {}
+    for f, k in src_keys.items():
+        sub = _subspace(space, k)
+        if sub is None:     # resolve_keys found every key; a space that changed since is the caller's
+            raise KeyError(f"the source has no key {k!r}")
+        spaces[f] = sub
+    obs_space = spaces["observations"]
+    if has_next and space_to_minari_json(spaces["next_observations"]) != space_to_minari_json(obs_space):
+        raise ValueError(f"the source's {src_keys['next_observations']!r} has another space than its "
+                         f"{src_keys['observations']!r}; Minari stores both as one sequence of observations")
     obs_json = space_to_minari_json(obs_space, "observations")
-    act_json = space_to_minari_json(act_space, "actions")
+    act_json = space_to_minari_json(spaces["actions"], "actions")
     data_dir = os.path.join(dst, "data")
     os.makedirs(data_dir, exist_ok=True)
     if os.listdir(data_dir):
@@ -228,6 +350,7 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
     writer: Any = _HDF5Writer(data_dir) if data_format == "hdf5" else _ArrowWriter(data_dir)
     backend = getattr(source, "backend", None)
     reward_dtype = None
+    read_fields = list(src_keys)
     try:
         for e, (s, t) in enumerate(episodes):
             parts: List[Any] = []
@@ -236,25 +359,33 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
                 if progress is not None:
                     progress(min(t, c + chunk) - c)
             fields: Dict[str, List[Tuple[Tuple[Any, ...], np.ndarray]]] = {}
-            for field in REQUIRED_KEYS:
-                sp = space.spaces[field]
+            for field in read_fields:
                 per_leaf: Dict[Tuple[Any, ...], List[np.ndarray]] = {}
                 for part in parts:
-                    for path, leaf_sp, value in _leaves(sp, part[field]):
+                    for path, leaf_sp, value in _leaves(spaces[field], _value(part, src_keys[field])):
                         per_leaf.setdefault(path, []).append(_leaf_array(leaf_sp, value, backend))
                 fields[field] = [(p, np.concatenate(v)) for p, v in per_leaf.items()]
-            final: Dict[Tuple[Any, ...], np.ndarray] = {}
             if has_next:
-                last = parts[-1]["next_observations"]
-                for path, leaf_sp, value in _leaves(obs_space, last):
-                    final[path] = _leaf_array(leaf_sp, value, backend)[-1:]
+                nxt = dict(fields.pop("next_observations"))
+                for p, a in fields["observations"]:
+                    if not _same(a[1:], nxt[p][:-1]):
+                        row = s + 1 + int(np.flatnonzero(~_equal_rows(a[1:], nxt[p][:-1]))[0])
+                        raise ValueError(
+                            f"row {row - 1}: {src_keys['next_observations']!r} is not the {src_keys['observations']!r} "
+                            f"of row {row} in the episode [{s}, {t}); Minari stores one sequence of observations, so "
+                            "the export would lose one of them. Leave the next observations out "
+                            f"(--exclude {src_keys['next_observations']} --final-observation repeat) only if the "
+                            "last one may be lost")
+                final = {p: a[-1:] for p, a in nxt.items()}
             else:
                 final = {p: a[-1:] for p, a in fields["observations"]}
             fields["observations"] = [(p, np.concatenate([a, final[p]])) for p, a in fields["observations"]]
             fields["terminations"] = [(p, a.astype(np.bool_)) for p, a in fields["terminations"]]
             fields["truncations"] = [(p, a.astype(np.bool_)) for p, a in fields["truncations"]]
+            if done_key is not None:
+                _check_done(parts, done_key, fields, backend, s)
             reward_dtype = str(fields["rewards"][0][1].dtype)
-            writer.episode(e, fields, t - s)
+            writer.episode(e, {f: fields[f] for f in REQUIRED_KEYS}, t - s)
     finally:
         writer.close()
     meta: Dict[str, Any] = {
@@ -272,4 +403,5 @@ def write_minari(source: Any, dst: str, dataset_id: Optional[str] = None, data_f
             "rewards_dtype": reward_dtype, "path": os.path.abspath(dst)}
 
 
-__all__ = ["write_minari", "space_to_minari_json", "default_dataset_id", "MINARI_FORMAT_VERSION"]
+__all__ = ["write_minari", "resolve_keys", "COLLECTION_KEYS", "FIELDS", "space_to_minari_json", "default_dataset_id",
+           "MINARI_FORMAT_VERSION"]

@@ -8,12 +8,11 @@ import sys
 import warnings
 from typing import Tuple, Type
 
-import unienv_data
-import unienv_interface
-
-#: directories whose frames are the library's own (a warning never points into them)
-_LIBRARY_DIRS: Tuple[str, ...] = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
-                                       for m in (unienv_data, unienv_interface))
+#: directories whose frames are the library's own (a warning never points into them): this package and
+#: unienv_interface, which the distribution installs beside it
+_DATA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS: Tuple[str, ...] = tuple(os.path.join(d, "") for d in (
+    _DATA_DIR, os.path.join(os.path.dirname(_DATA_DIR), "unienv_interface")))
 #: the file name prefix of code this library compiles at run time (the flat-row codecs of `_flat_codec`)
 GENERATED_PREFIX = "<unienv "
 

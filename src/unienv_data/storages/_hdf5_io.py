@@ -15,14 +15,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import PathLike, fsync_dir, is_durable
+from unienv_data.base.files import PathLike, replacing_file
 from unienv_data.base.indexing import NormalizedIndex
 
 from ._hdf5_file import (_BLOCK_BYTES, _SPAN_READ_BYTES, _SPAN_READ_FACTOR, DEFAULT_KEY, META_ATTR, _auto_chunks,
                          _chunk_shape, _Column, _create_dataset, _h5py, _last_wins, _ll_read, _ll_write, _option_for,
                          _runs)
 from ._column_view import ColumnView
-from ._list_storage import Leaf, LeafTree, temp_name
+from ._list_storage import Leaf, LeafTree
 
 
 def _read_sorted(col: _Column, uniq: np.ndarray, reduce_io: bool) -> np.ndarray:
@@ -146,8 +146,7 @@ def write_copy(path: str, cols: Sequence[_Column], tree: LeafTree, rows: int, le
     writing their rows later never changes the file's structure."""
     h5py = _h5py()
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    tmp = temp_name(path)
-    try:
+    with replacing_file(path) as tmp:
         with h5py.File(tmp, "w") as out:
             for col, leaf in zip(cols, tree.leaves):
                 group = out
@@ -173,18 +172,6 @@ def write_copy(path: str, cols: Sequence[_Column], tree: LeafTree, rows: int, le
                     else:
                         _ll_write(dst, s, block)
             out.attrs[META_ATTR] = json.dumps(meta)
-            out.flush()
-            if is_durable():
-                os.fsync(out.id.get_vfd_handle())
-        os.replace(tmp, path)
-        if is_durable():
-            fsync_dir(os.path.dirname(os.path.abspath(path)))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def create_datasets(f: Any, tree: LeafTree, cap: Optional[int], rows: int, compression: Any, compression_level: Any,

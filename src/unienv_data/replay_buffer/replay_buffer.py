@@ -20,9 +20,9 @@ that appends forever and never marks episodes just rings.
 
 Multiprocessing (`multiprocessing=True`): count, offset and the segment table live in shared memory under one
 inter-process lock, and travel with the buffer when it is passed to a `multiprocessing.Process` (fork or spawn).
-Until the buffer goes to another process (pickled, or inherited by `os.fork()`), `append` writes each row at once,
-as in a single process and in the reference. From then on each process appends into its own private episode
-buffer; `mark_segment_end()` (or `commit_segment(writer)`) reserves the rows at the tail and writes the whole
+Until a growable buffer goes to another process (pickled, or inherited by `os.fork()`), `append` writes each row
+at once, as in a single process and in the reference. A ring (fixed capacity) and a buffer handed to another process
+append into a private episode buffer in each process; `mark_segment_end()` (or `commit_segment(writer)`) reserves the rows at the tail and writes the whole
 episode under the lock, so concurrent writers never lose rows and every episode stays contiguous (an episode open
 at the hand-off moves into the private buffer, see `_hand_off`). Readers see a row once the commit that wrote it
 has returned. A growable shared buffer needs a storage that follows growth made by another process (NPZStorage):
@@ -174,8 +174,14 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
             storage.durable = False     # commits persist the shared metadata instead (see `persist_shared`)
-            _NOT_HANDED_OFF.add(self)
             _SHARED.add(self)
+            if storage.capacity is not None:
+                # a ring keeps every episode private from the start: a row appended in place could overwrite a
+                # row the persisted metadata still shows, and a kill mid-episode would leave it torn (the private
+                # episode is written whole under the commit protocol, whose crash safety covers that)
+                self._handed_off = True
+            else:
+                _NOT_HANDED_OFF.add(self)
 
     def _hand_off(self) -> None:
         """A shared buffer goes to another process: from now on each process keeps its open episode privately and

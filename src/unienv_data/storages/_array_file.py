@@ -53,18 +53,24 @@ def _prefaulted_zeros(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return arr
 
 
-def read_rows_into(path: str, out: np.ndarray) -> None:
-    """Fills the C-contiguous array `out` with the first `out.nbytes` bytes of a raw data file (one kernel copy
-    straight into `out`, no intermediate mapping or buffer); StorageFormatError when the file is shorter."""
+def fill_from_stream(f: Any, out: np.ndarray, what: str) -> None:
+    """Fills the C-contiguous array `out` with the next `out.nbytes` bytes of the binary stream `f` (`readinto`
+    straight into `out`: one kernel copy, no intermediate buffer); StorageFormatError naming `what` when the stream
+    ends first."""
     view = out.reshape(-1).view(np.uint8).data
     done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise StorageFormatError(f"{what} ended after {done} of {len(view)} bytes: the file is truncated")
+        done += n
+
+
+def read_rows_into(path: str, out: np.ndarray) -> None:
+    """Fills the C-contiguous array `out` with the first `out.nbytes` bytes of a raw data file (no intermediate
+    mapping or buffer); StorageFormatError when the file is shorter."""
     with open(path, "rb", buffering=0) as f:
-        while done < len(view):
-            n = f.readinto(view[done:])
-            if not n:
-                raise StorageFormatError(f"data file {path} ended after {done} of {len(view)} bytes: the file is "
-                                         "truncated")
-            done += n
+        fill_from_stream(f, out, f"data file {path}")
 
 
 def write_rows(f: Any, rows: np.ndarray) -> None:
@@ -185,4 +191,4 @@ def file_rows(path: str, row_bytes: int) -> Tuple[int, int]:
     return size // row_bytes, size % row_bytes
 
 
-__all__ = ["ArrayBlock", "RAM", "MEMMAP", "SHARED", "file_rows", "read_rows_into", "write_rows"]
+__all__ = ["ArrayBlock", "RAM", "MEMMAP", "SHARED", "file_rows", "read_rows_into", "fill_from_stream", "write_rows"]

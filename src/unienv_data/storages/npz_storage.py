@@ -28,6 +28,7 @@ from unienv_data.base.files import PathLike
 from unienv_data.base.registry import register_storage
 from unienv_interface.space import Space
 
+from ._array_file import fill_from_stream
 from ._list_storage import ListStorageBase, check_capacity
 
 METADATA_FILE = "npz_metadata.json"
@@ -148,14 +149,7 @@ def _read_npz_data(path: str) -> np.ndarray:
             if dtype.hasobject:
                 raise StorageFormatError(f"{path} holds Python objects (dtype {dtype}); rows hold plain arrays only")
             out = np.empty(math.prod(shape), dtype=dtype)
-            view = out.view(np.uint8).data      # a writable byte view of the new array
-            got = 0
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise StorageFormatError(f"{path}: 'data' holds {got} of its {len(view)} bytes; the file is "
-                                             "truncated or damaged")
-                got += n
+            fill_from_stream(f, out, f"array 'data' of {path}")
     return out.reshape(shape[::-1]).T if fortran else out.reshape(shape)
 
 

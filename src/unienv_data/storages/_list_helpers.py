@@ -17,11 +17,6 @@ def require_module(module: str, extra: str, who: str) -> Any:
     return import_optional(module, extra, who)
 
 
-def temp_name(final: str) -> str:
-    """A temporary file name next to `final` (see `unienv_data.base.files.temporary_path`)."""
-    return temporary_path(final)
-
-
 def replace_file(write: Callable[[str], None], final: str) -> None:
     """Writes a file through `write(tmp_path)` and puts it in place of `final` (`replacing_file`)."""
     with replacing_file(final) as tmp:
@@ -33,7 +28,7 @@ def link_or_copy(src: str, dst: str) -> None:
     Safe because storages never modify a file in place (they replace it)."""
     if os.path.exists(dst) and os.path.samefile(src, dst):
         return  # already a link to the same file (rename() between two links of one file would do nothing)
-    tmp = temp_name(dst)
+    tmp = temporary_path(dst)
     try:
         try:
             os.link(src, tmp)

@@ -41,7 +41,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, Space
 
 from ._io_pool import map_io
 from ._list_helpers import (_contiguous, check_capacity, check_count, link_or_copy, mask_to_runs, replace_file,
-                            require_module, runs_to_mask, temp_name)
+                            require_module, runs_to_mask)
 from ._list_leaves import Leaf, LeafTree, ValueConverter, check_stored_space, describe_leaf
 
 
@@ -445,5 +445,5 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
 
 __all__ = ["ListStorageBase", "LeafTree", "Leaf", "ValueConverter", "require_module", "check_capacity", "check_count",
-           "replace_file", "link_or_copy", "temp_name", "mask_to_runs", "runs_to_mask", "describe_leaf",
+           "replace_file", "link_or_copy", "mask_to_runs", "runs_to_mask", "describe_leaf",
            "check_stored_space"]

@@ -5,7 +5,7 @@
 #   bash scripts/run.sh demo  [args...]         unienv-data demo (python -m unienv_data demo)
 #   bash scripts/run.sh cli   <command> [args]  unienv-data <command> (info, verify, plot, convert, ...)
 #   bash scripts/run.sh test  [pytest args...]  pytest -q -n 2 (xdist), then the Ray tests in their own process
-#   bash scripts/run.sh mypy                    mypy, then lint-imports (layer contracts; both in pyproject.toml)
+#   bash scripts/run.sh mypy                    mypy, the private-access scan, then lint-imports (layer contracts)
 #   bash scripts/run.sh docs  [args...]         mkdocs build --strict (site in build/site)
 #   bash scripts/run.sh bench [args...]         bench/bench_flattened.py
 #
@@ -95,7 +95,7 @@ case "$cmd" in
         if [[ $status -ne 0 ]]; then exit "$status"; fi
         exit "$ray_status"
         ;;
-    mypy)  "$PY" -m mypy "$@" && exec "$VENV/bin/lint-imports" --config pyproject.toml ;;
+    mypy)  "$PY" -m mypy "$@" && "$PY" scripts/check_private_access.py && exec "$VENV/bin/lint-imports" --config pyproject.toml ;;
     docs)  exec "$PY" -m mkdocs build --strict "$@" ;;
     bench) exec "$PY" bench/bench_flattened.py "$@" ;;
 esac

@@ -24,6 +24,8 @@ Contenders:
   (d) limit       bare PyAV: exactly the frames a batch needs, de-duplicated, sorted per file, decoded forward with
                   containers kept open (seek only when the next frame is more than a GOP ahead or behind), tabular
                   windows by one NumPy gather; the same DataLoader (one process per worker)
+With workers, (b), (c) and (d) run under `shared_memory_dataloader` (batches handed over in reused shared-memory
+slots, epoch after epoch with persistent workers); (a) under lerobot's usual DataLoader.
 
 Reported per shape and worker count: samples/s, first-batch latency (opening the dataset + the first batch), peak
 RSS (the contender's process tree, sampled every 0.1 s); the ratios (b)/(a), (c)/(a), (b)/(d); and the equality
@@ -291,13 +293,25 @@ def contender_main(which: str, path: str, plan: Dict[str, Any], out_npz: str) ->
                  if k not in ("index", "episode_index")}
     t0 = time.perf_counter()
     w = plan["workers"]
-    gen = torch.Generator().manual_seed(plan["seed"])
-    # shuffled without replacement, epoch after epoch (the timing runs for a minimum time, not one epoch)
-    sampler = torch.utils.data.RandomSampler(ds, num_samples=plan["batch_size"] * plan["max_batches"], generator=gen)
-    loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], sampler=sampler, num_workers=w,
-                                          drop_last=True, collate_fn=collate,
-                                         prefetch_factor=2 if w else None)
-    it = iter(loader)
+    if w:
+        # workers hand batches over in reused shared-memory slots (a fresh 59 MB segment per aloha batch capped 2
+        # workers below the single process); shuffled without replacement, epoch after epoch
+        from unienv_data.integrations.torch_loader import shared_memory_dataloader
+        loader: Any = shared_memory_dataloader(ds, plan["batch_size"], shuffle=True, drop_last=True, seed=plan["seed"],
+                                               num_workers=w, prefetch_factor=2, persistent_workers=True)
+
+        def epochs() -> Any:
+            while True:
+                yield from loader
+        it = epochs()
+    else:
+        gen = torch.Generator().manual_seed(plan["seed"])
+        # shuffled without replacement, epoch after epoch (the timing runs for a minimum time, not one epoch)
+        sampler = torch.utils.data.RandomSampler(ds, num_samples=plan["batch_size"] * plan["max_batches"],
+                                                 generator=gen)
+        loader = torch.utils.data.DataLoader(ds, batch_size=plan["batch_size"], sampler=sampler, num_workers=0,
+                                             drop_last=True, collate_fn=collate)
+        it = iter(loader)
     batch = next(it)
     first = time.perf_counter() - t0 + open_s
     t1 = time.perf_counter()

@@ -144,6 +144,34 @@ def test_dataloader_workers_give_the_same_batches() -> None:
             assert got[win.cameras[0]].dtype == torch.uint8
 
 
+def test_shared_memory_dataloader_serves_windows_in_reused_slots() -> None:
+    """Workers hand batches over through the loader's shared-memory slots (no fresh segment per batch): every
+    epoch's batches equal `get_batch` of the same anchors, and 3 epochs (15 batches) run in the 8 slots."""
+    torch = require_module("torch", "torch")
+    from unienv_data.integrations import torch_loader
+    from unienv_data.integrations.torch_loader import shared_memory_dataloader
+    with open_ds("v30_multifile") as ds:
+        win = windows_of(ds)
+        loader = shared_memory_dataloader(win, batch_size=8, shuffle=True, seed=3, num_workers=2,
+                                          persistent_workers=True)
+        seen = 0
+        for _epoch in range(3):
+            for got in loader:
+                want = win.get_batch(got["index"].numpy())
+                assert set(got) == set(want)
+                for k, v in want.items():
+                    np.testing.assert_array_equal(got[k].numpy(), v, err_msg=k)
+                assert got[win.cameras[0]].dtype == torch.uint8
+                # the frames ARE the parent's mapping of a slot (no per-batch shared-memory segment)
+                assert any(np.shares_memory(got[win.cameras[0]].numpy(), view)
+                           for _, view, _ in torch_loader._MAPPED.values())
+                seen += int(got["index"].shape[0])
+                del got
+        assert seen == 3 * len(win)
+        with pytest.raises(TypeError, match="__getitems__"):
+            shared_memory_dataloader([1, 2, 3], batch_size=2)
+
+
 @pytest.mark.skipif(not has_venv("lerobot"), reason="needs the lerobot venv (bash scripts/build_venvs.sh lerobot)")
 def test_equal_to_lerobots_own_delta_timestamps(tmp_path: Path) -> None:
     """lerobot 0.4.4's LeRobotDataset(delta_timestamps=...) in its venv (bench/_lerobot_driver.py): the same frames

@@ -94,10 +94,17 @@ class _NotInSlot:
         return _fallback, self.args
 
 
+def _read_batch(data: Any, idx: np.ndarray) -> Any:
+    """One whole batch of `data` at `idx`: `get_at` of a `BatchBase`, else the dataset's own `__getitems__`."""
+    if isinstance(data, BatchBase):
+        return data.get_at(idx)
+    return data.__getitems__(idx)
+
+
 class _SlotDataset(Dataset):  # type: ignore[type-arg]
     """The dataset as the workers see it: `__getitems__((slot, indices))` fills the slot."""
 
-    def __init__(self, batch: BatchBase, path: str, n_slots: int, slot_bytes: int, item_spec: Any = None) -> None:
+    def __init__(self, batch: Any, path: str, n_slots: int, slot_bytes: int, item_spec: Any = None) -> None:
         self.batch = batch
         self.path = path
         self.n_slots = n_slots
@@ -110,7 +117,7 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
         return len(self.batch)
 
     def __getitem__(self, index: int) -> Any:
-        return self.batch.get_at(index)
+        return self.batch[index] if not isinstance(self.batch, BatchBase) else self.batch.get_at(index)
 
     def __getitems__(self, request: Any) -> Any:
         slot, idx = request if isinstance(request, tuple) else (None, request)
@@ -127,7 +134,7 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
                 _, view, _ = _mapping(self.path, self.n_slots, self.slot_bytes)
                 self.batch.get_at_into(idx, leaf_views(spec, view[slot]))  # type: ignore[attr-defined]
                 return _InSlot(self.path, self.n_slots, self.slot_bytes, slot, spec)
-        data = collate_to_torch(self.batch.get_at(idx))
+        data = collate_to_torch(_read_batch(self.batch, idx))
         if not in_worker:
             if slot is not None:
                 _fallback(self.path, slot, None)
@@ -199,9 +206,13 @@ def _close_slots(path: str) -> None:
 def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
                              seed: Optional[int] = None, num_workers: int = 2, n_slots: Optional[int] = None,
                              prefetch_factor: int = 2, **dataloader_kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
-    """A DataLoader over `data` (a `BatchBase`: a `WindowDataset`, a `ReplayBuffer`, a batch view, or a sampler,
-    served through its `dataset_view()`) whose workers hand batches over through shared-memory slots (see the
-    module docstring). Batches are dicts / tuples of torch tensors, read with one `get_at` per batch.
+    """A DataLoader over `data` whose workers hand batches over through shared-memory slots (see the module
+    docstring). Batches are dicts / tuples of torch tensors, read with one call per batch.
+
+    `data`: a `BatchBase` (a `WindowDataset`, a `ReplayBuffer`, a batch view; read with `get_at(indices)`), a sampler
+    (served through its `dataset_view()`), or a map-style dataset that reads whole batches: `len(data)` items and
+    `data.__getitems__(indices)` returning a dict / tuple of arrays with the batch on the first axis (for example
+    `LeRobotWindows`). Either kind may offer `get_at_into(indices, out)`, which fills the slot's arrays in place.
 
     `shuffle`, `drop_last`, `seed`: the order of the items (a fresh permutation per epoch from a NumPy generator
     seeded by `seed`). `n_slots`: batches that may be alive at once before the fallback (default:
@@ -210,9 +221,10 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
     ``batch_sampler``, ``collate_fn``, ``shuffle``)."""
     if isinstance(data, BatchSampler):
         data = data.dataset_view()
-    if not isinstance(data, BatchBase):
-        raise TypeError(f"data must be a BatchBase (a WindowDataset, a ReplayBuffer, a batch view) or a sampler, got "
-                        f"{type(data).__name__}")
+    if not isinstance(data, BatchBase) and not (callable(getattr(data, "__getitems__", None)) and
+                                                callable(getattr(data, "__len__", None))):
+        raise TypeError(f"data must be a BatchBase (a WindowDataset, a ReplayBuffer, a batch view), a sampler or a "
+                        f"dataset with __len__ and __getitems__ (whole-batch reads), got {type(data).__name__}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
@@ -228,7 +240,7 @@ def shared_memory_dataloader(data: Any, batch_size: int, *, shuffle: bool = True
         sampler = _SlotBatchSampler(n, int(batch_size), shuffle, drop_last, seed, None)
         return DataLoader(_SlotDataset(data, "", 0, 0), batch_sampler=sampler, collate_fn=_identity,
                           num_workers=0, **dataloader_kwargs)
-    item_spec, per_item, leaves = _batch_bytes(collate_to_torch(data.get_at(np.zeros(1, dtype=np.int64))))
+    item_spec, per_item, leaves = _batch_bytes(collate_to_torch(_read_batch(data, np.zeros(1, dtype=np.int64))))
     slot_bytes = align(per_item * int(batch_size) + ALIGN * (leaves + 1))
     count = int(n_slots) if n_slots is not None else int(num_workers) * int(prefetch_factor) + 4
     if count < 1:

@@ -1084,3 +1084,14 @@ def test_metadata_disagreeing_with_the_storage_files_is_a_format_error(tmp_path:
     json.dump(meta, open(meta_file, "w"))
     with pytest.raises(StorageFormatError, match="metadata.json does not agree"):
         ReplayBuffer.load_from(d, backend=B)
+
+
+def test_load_from_refuses_capacity_naming_the_metadata(tmp_path: Any) -> None:
+    """The capacity is stored; `capacity=` at load is a TypeError that says so (the reference's is a clash of keyword
+    arguments inside the storage call), and the buffer opens unchanged without it."""
+    d = _saved(tmp_path, capacity=None)
+    with pytest.raises(TypeError, match=r"does not take capacity= \(got 20\).*metadata\.json"):
+        ReplayBuffer.load_from(d, backend=TB, capacity=20, is_memmap=True)
+    rb = ReplayBuffer.load_from(d, backend=TB, is_memmap=True)
+    assert rb.capacity is None and len(rb) == 5
+    rb.close()

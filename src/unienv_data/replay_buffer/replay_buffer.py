@@ -263,6 +263,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         registry, never from an import.
         """
         backend = resolve_backend(backend)      # the caller's typo is theirs, not the file's: checked first
+        if "capacity" in storage_kwargs:
+            raise TypeError(f"ReplayBuffer.load_from does not take capacity= (got {storage_kwargs['capacity']!r}): the "
+                            f"capacity is fixed when the buffer is created and read from {METADATA_FILE}; to change "
+                            f"it, create a new buffer with the capacity you want and extend it with this one's rows")
         meta = cls._read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         try:

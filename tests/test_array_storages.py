@@ -363,3 +363,26 @@ def test_ram_dump_and_load_into_ram_copy_the_rows_exactly(tmp_path: Any, cls: An
     st.set(0, torch.zeros(3) if cls is PytorchTensorStorage else np.zeros(3, np.float32))   # the copy is independent
     again = back.get(0)
     assert np.array_equal(again.numpy() if cls is PytorchTensorStorage else again, vals[0])
+
+
+def test_large_ram_blocks_start_zeroed_and_stay_private_to_a_forked_child(tmp_path: Any) -> None:
+    """In-RAM blocks of 4 MiB and more live in private anonymous mappings: zeros at creation, values round-trip
+    through dumps / load into RAM, and a forked child's writes never reach the parent (copy-on-write, as with
+    ordinary heap memory)."""
+    space = BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3))
+    rows = 400                                  # 4.7 MiB
+    st = NumpyMemmapStorage.create(space, capacity=rows)
+    assert not st.get(slice(None)).any()
+    frames = np.random.default_rng(0).integers(0, 256, (rows, 64, 64, 3), dtype=np.uint8)
+    st.set(slice(0, rows), frames)
+    path = str(tmp_path / "frames.memmap")
+    st.dumps(path)
+    back = NumpyMemmapStorage.load_from(path, space, is_memmap=False, read_only=False)
+    assert np.array_equal(back.get(slice(None)), frames)
+    pid = os.fork()
+    if pid == 0:                                # the child overwrites its copy and exits at once
+        back.set(0, np.zeros((64, 64, 3), np.uint8))
+        os._exit(0 if not back.get(0).any() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert np.array_equal(back.get(0), frames[0])

@@ -350,12 +350,25 @@ class DecoderCache:
         self._count = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
+        self._forget_inherited()
         return self._count
+
+    def _forget_inherited(self) -> None:
+        """In a forked child (DataLoader workers), forgets the decoders opened by the parent without touching them:
+        their open files share one file offset with the parent and every sibling, so a read through one moves the
+        others' position (reads then failed with 'the video ends before frame N'). The child opens its own."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()       # a lock another thread held at fork time stays held in the child
+            self._open = OrderedDict()
+            self._count = 0
 
     def _acquire(self, file: EpisodeFile, first: int) -> FrameDecoder:
         """An idle decoder of `file` (preferably one already positioned at or before frame `first`), or a new one."""
+        self._forget_inherited()
         dec: Optional[FrameDecoder] = None
         with self._lock:
             idle = self._open.get(file.uid)
@@ -372,6 +385,7 @@ class DecoderCache:
         return dec
 
     def _release(self, dec: FrameDecoder) -> None:
+        self._forget_inherited()
         if self.size == 0 or self._closed:
             dec.close()
             return
@@ -395,6 +409,7 @@ class DecoderCache:
 
     def drop(self, uid: str) -> None:
         """Closes the decoders of the file with content id `uid` (the file is going away)."""
+        self._forget_inherited()
         with self._lock:
             decs = self._open.pop(uid, [])
             self._count -= len(decs)
@@ -403,6 +418,7 @@ class DecoderCache:
 
     def close_all(self) -> None:
         """Closes every open decoder; later reads close theirs after use."""
+        self._forget_inherited()
         self._closed = True
         with self._lock:
             decs = [d for idle in self._open.values() for d in idle]

@@ -542,6 +542,14 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._state.version += 1
         return placed.start, n
 
+    def rewind(self, count: int, offset: int, total_written: int) -> None:
+        """Moves the tail back to where `count`, `offset` and `total_written` (read earlier) put it: the rows placed
+        since leave the buffer. For a service that placed rows with `commit_segment` for a writer that reserved them
+        and then gave the reservation up; the caller makes sure no segment lists those rows."""
+        with self._state.locked():
+            self._state.count, self._state.offset, self._state.total_written = count, offset, total_written
+            self._state.version += 1
+
     def _drop_own_segments(self, start: int, n: int) -> None:
         if self._own_segments:
             log = self._log()

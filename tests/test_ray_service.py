@@ -420,7 +420,7 @@ def test_collectors_on_the_actors_node_use_shared_memory_slabs(ray_cluster: Any,
                 builder.append(step)
             builder.end_episode()
         builder.flush()
-        slabs = [] if builder._pool is None else [s.path for s in builder._pool._all]
+        slabs = [] if builder._pool is None else builder._pool.paths
         alive = [os.path.exists(p) for p in slabs]
         builder.close()
         return {"transport": builder.transport, "rows": builder.committed_rows, "slabs": slabs, "alive": alive,

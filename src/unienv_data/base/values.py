@@ -175,12 +175,14 @@ class LeafConverter:
         if arr.shape != expected:
             raise ValueError(f"{self.where}: expected shape {expected}, got {tuple(arr.shape)}")
         if arr.dtype != self.np_dtype:
-            arr = self._cast(arr, weak)
+            arr = self.cast(arr, weak)
         if self.lo is not None:
             self.check_bounds(arr)
         return arr
 
-    def _cast(self, arr: np.ndarray, weak: bool) -> np.ndarray:
+    def cast(self, arr: np.ndarray, weak: bool) -> np.ndarray:
+        """`arr` (and `weak`) from `to_numpy`, of another dtype, in the storage dtype; TypeError / ValueError when
+        the values do not fit it. Bounds are not checked (`convert` checks them)."""
         target = self.np_dtype
         src_kind = arr.dtype.kind
         exp_name = self.space.backend.dtype_name(self.space.dtype)

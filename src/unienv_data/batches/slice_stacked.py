@@ -173,6 +173,11 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return int(self._offsets.shape[0])
 
     @property
+    def anchor_position(self) -> int:
+        """Where the anchor frame (offset 0) sits on the window axis: the index of 0 in `fixed_offset`."""
+        return self._idx_zero
+
+    @property
     def index_source(self) -> BatchBase:
         """The batch whose indices this view's indices are (used by samplers to find a ring buffer)."""
         return self.batch
@@ -196,9 +201,10 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         expanded = np.clip(anchors[:, None] + self._offsets[None, :], 0, max(n - 1, 0))
         return self.backend.from_numpy(expanded, dtype=self.backend.default_index_dtype, device=self.device)
 
-    def segment_index(self) -> SegmentIndex:
-        """The current segment partition of the wrapped batch (with this view's `unrecorded` policy)."""
-        return self._seg_cache.get(self.batch)
+    def segment_index(self, length: Optional[int] = None) -> SegmentIndex:
+        """The current segment partition of the wrapped batch (with this view's `unrecorded` policy); `length`:
+        the wrapped batch's length when the caller already knows it (saves a `len()` call)."""
+        return self._seg_cache.get(self.batch, length)
 
     def valid_mask_at(self, idx: Any) -> np.ndarray:
         """The segment-based validity mask of the windows at `idx` as a NumPy bool array, without reading data
@@ -336,7 +342,7 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 raise ValueError("the episode id is read from the metadata, but the batch has none")
             ids = np.asarray(view.backend.to_numpy(_tree.sub_data(src, path)))
             ids = ids.reshape(ids.shape[:2] + (-1,))
-            return np.all(ids == ids[:, view._idx_zero:view._idx_zero + 1], axis=2)
+            return np.all(ids == ids[:, view.anchor_position:view.anchor_position + 1], axis=2)
         return fn
 
     @staticmethod
@@ -352,7 +358,7 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 raise ValueError("the episode end flag is read from the metadata, but the batch has none")
             flags = np.asarray(view.backend.to_numpy(_tree.sub_data(src, path))).astype(bool)
             ends = flags.reshape(flags.shape[:2] + (-1,)).any(axis=2).astype(np.int64)
-            z = view._idx_zero
+            z = view.anchor_position
             before = np.concatenate([np.zeros((ends.shape[0], 1), np.int64), np.cumsum(ends, axis=1)], axis=1)
             T = ends.shape[1]
             t = np.arange(T)

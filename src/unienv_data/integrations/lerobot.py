@@ -119,22 +119,29 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
 
     def __init__(self, layout: LeRobotLayout, features: List[str], backend: Any, device: Any = None,
                  threads: Optional[int] = None) -> None:
+        schema = layout.schema
+        spaces = {k: _feature_space(schema.features[k], backend, device, schema.fps) for k in features}
+        spaces.update(_recorded_spaces(layout, features, backend, device))
+        cameras: Dict[str, Any] = {}
+        from ._lerobot_video import CameraFrames
+        for k in features:
+            f = schema.features[k]
+            if f.is_video:
+                fid, frame = layout.video_rows[k]
+                cameras[k] = CameraFrames(layout.root, k, f.hwc, schema.fps, layout.video_files[k], fid, frame,
+                                          threads)
+        self._setup(layout, features, DictSpace(backend, spaces, device=device), device, cameras)
+
+    def _setup(self, layout: LeRobotLayout, features: List[str], space: DictSpace, device: Any,
+               cameras: Dict[str, Any]) -> None:
+        """Sets every field; `__init__` and `_only` (whose view shares this dataset's open cameras) both end here."""
+        super().__init__(space)
         self._layout = layout
         self._schema = layout.schema
         self._features = list(features)
         self._device = device
-        spaces = {k: _feature_space(self._schema.features[k], backend, device, self._schema.fps) for k in features}
-        spaces.update(_recorded_spaces(layout, features, backend, device))
-        super().__init__(DictSpace(backend, spaces, device=device))
         self._n = layout.num_rows
-        self._cameras: Dict[str, Any] = {}
-        from ._lerobot_video import CameraFrames
-        for k in features:
-            f = self._schema.features[k]
-            if f.is_video:
-                fid, frame = layout.video_rows[k]
-                self._cameras[k] = CameraFrames(layout.root, k, f.hwc, self._schema.fps, layout.video_files[k], fid,
-                                                frame, threads)
+        self._cameras = cameras
         self._closed = False
         self._init_episode_lookup()
 
@@ -272,13 +279,11 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return SubItemBatch(self._only([key]), [key])
 
     def _only(self, features: List[str]) -> "LeRobotAsUniEnvDataset":
-        view = object.__new__(type(self))
         space: Any = self.single_space
-        BatchBase.__init__(view, DictSpace(self.backend, {k: space[k] for k in features}, device=self._device))
-        view._layout, view._schema, view._features, view._device = self._layout, self._schema, features, self._device
-        view._n, view._closed = self._n, False
-        view._cameras = {k: c for k, c in self._cameras.items() if k in features}
-        view._init_episode_lookup()
+        view = object.__new__(type(self))
+        type(self)._setup(view, self._layout, features,
+                          DictSpace(self.backend, {k: space[k] for k in features}, device=self._device), self._device,
+                          {k: c for k, c in self._cameras.items() if k in features})
         return view
 
     def scan_videos(self, features: Optional[Sequence[str]] = None) -> None:

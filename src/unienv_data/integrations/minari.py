@@ -92,7 +92,10 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return MinariAsUniEnvDataset(source, obs_space, act_space, include_next_observations)
 
     def __init__(self, source: EpisodeSource, observation_space: Space, action_space: Space,
-                 include_next_observations: bool = False, fields: Optional[Sequence[str]] = None) -> None:
+                 include_next_observations: bool = False, fields: Optional[Sequence[str]] = None, *,
+                 parent: Optional["MinariAsUniEnvDataset"] = None) -> None:
+        """`fields` and `parent` make a column view (`get_column`): only those fields are read, through the files of
+        `parent`, which owns them (closing `parent` closes the view; closing the view leaves the files open)."""
         backend, device = observation_space.backend, observation_space.device
         spaces: Dict[str, Space] = {"observations": observation_space, "actions": action_space}
         for field, dtype in source.step_dtypes.items():
@@ -113,7 +116,7 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         self._ends = np.cumsum(self._lengths)
         self._starts = self._ends - self._lengths
         self._closed = False
-        self._parent: Optional["MinariAsUniEnvDataset"] = None   # a column view reads through its parent's files
+        self._parent = parent   # a column view reads through its parent's files
 
     # ---- sizes and episodes ----
     def __len__(self) -> int:
@@ -271,8 +274,7 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         if not keys or keys[0] not in self._fields:
             return super().get_column(nested_keys)
         view = MinariAsUniEnvDataset(self.source, self.observation_space, self.action_space,
-                                     self.include_next_observations, fields=[keys[0]])
-        view._parent = self
+                                     self.include_next_observations, fields=[keys[0]], parent=self)
         return SubItemBatch(view, keys)
 
     def get_episode_column(self, episode: int, nested_keys: Any) -> Any:

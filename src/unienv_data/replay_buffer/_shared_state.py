@@ -7,13 +7,17 @@ whoever waits for it then raises `StorageStateError` naming that process (within
 forever. Segments of a shared buffer
 are kept in the same shared memory (a table of `(start, length)` runs), so every process sees every commit.
 
-A disk-backed shared buffer (`cache_path`) also persists that table at every change (`persist_shared`): the
+A disk-backed shared buffer (`cache_path`) also persists that table at every change (`_persist_shared`): the
 metadata is rewritten (atomically) when segments are dropped, before their rows are overwritten, and when an
 episode is committed, after its rows were written. So an episode whose `commit_segment` / `mark_segment_end`
 returned survives a kill of every process, and the metadata never lists rows that hold something else. Each
 process's storage keeps a private copy of its segment list, so the metadata of such a buffer says
 `"shared_segments": true` and its table, not the storage's own list, counts when the directory is reopened
 (`adopt_shared_segments`).
+
+A growable shared buffer is handed to the child of an `os.fork()` as it is to a process it is pickled for
+(`ReplayBuffer._hand_off`, called by `BEFORE_FORK`); the child forgets the episode its parent had open
+(`AFTER_FORK_IN_CHILD`).
 """
 from __future__ import annotations
 
@@ -21,14 +25,12 @@ import contextlib
 import multiprocessing as mp
 import os
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from unienv_data.base.errors import StorageStateError
-from unienv_data.base.files import atomic_write_json, is_durable
 from unienv_data.base.processes import pid_alive
-from unienv_data.base.ring import inclusive_end
-
-from ._metadata import METADATA_FILE
+from unienv_data.base.storage import SpaceStorage
 
 _COUNT, _OFFSET, _NSEG, _WRITTEN, _VERSION, _HOLDER, _HEADER = 0, 1, 2, 3, 4, 5, 6
 _NO_LOCK = contextlib.nullcontext()
@@ -169,44 +171,13 @@ class SharedState:
         self._held = threading.local()
 
 
-def persist_shared(buffer: Any, drop: Optional[Tuple[int, int]] = None, hidden: int = 0) -> None:
-    """Rewrites the metadata of a disk-backed `multiprocessing=True` buffer now (called under its lock after its
-    shared segment table changed, or with `drop=(start, n)` before rows `[start, start + n)` are overwritten: the
-    segments they belong to are left out); with durable commit points the storage's rows are flushed first.
-
-    `hidden`: the newest rows of the (already advanced) count that are about to be written, left out of the
-    persisted count. A commit that overwrites rows of a full ring writes them child by child (the state, then the
-    camera, ...); until its commit record (the metadata written after every child's rows) they must not be visible,
-    or a killed collector leaves rows mixing its episode's state with an old episode's camera frame."""
-    if not (buffer.multiprocessing and buffer.cache_path is not None and buffer._own_segments):
-        return
-    st = buffer._st()
-    if not st.is_mutable or st.cache_filename is None:
-        return
-    log = buffer._log()
-    if drop is not None:
-        log.drop_overlapping(*drop)
-        if not log.version and not hidden:
-            return      # no listed segment holds those rows and no visible row is overwritten: the disk stays true
-    if is_durable():
-        st.flush()
-    meta = buffer._metadata()
-    if drop is not None:
-        cap = st.capacity
-        meta[buffer._segments_key()] = [[s, inclusive_end(s, n, cap)] for s, n in log.runs()]
-    if hidden:
-        meta["count"] = max(int(meta["count"]) - hidden, 0)
-    atomic_write_json(os.path.join(os.fspath(buffer.cache_path), METADATA_FILE), buffer._meta_for_file(meta))
-
-
-def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List[Tuple[int, int]]],
+def adopt_shared_segments(buffer: Any, st: SpaceStorage, meta: Dict[str, Any], runs: Optional[List[Tuple[int, int]]],
                           read_only: bool) -> None:
     """Reopening (in one process) a directory written by a shared buffer: its metadata's segment table, persisted
-    at every commit, replaces the storage's own list (which no process kept complete); a writable reopen writes
-    the adopted list back at once (`dumps()`), so the storage's list is the authority again."""
+    at every commit, replaces the list of the buffer's storage `st` (which no process kept complete); a writable
+    reopen writes the adopted list back at once (`dumps()`), so the storage's list is the authority again."""
     if not meta.get("shared_segments") or runs is None or buffer.multiprocessing:
         return
-    st = buffer._st()
     if st.episode_segments() is None:
         return          # the buffer keeps its own list: it was built from the metadata already
     cap = st.capacity
@@ -215,3 +186,37 @@ def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List
         st._record_segment(s, n)
     if not read_only and buffer.cache_path is not None:
         buffer.dumps()
+
+
+class ForkCallbacks:
+    """Methods called around `os.fork()` in this process, held without keeping their objects alive (one
+    method an object).
+    A method that raises is passed over (a fork hook cannot raise)."""
+
+    def __init__(self) -> None:
+        self._calls: "weakref.WeakKeyDictionary[Any, Callable[[Any], Any]]" = weakref.WeakKeyDictionary()
+
+    def add(self, method: Callable[[], Any]) -> None:
+        """Calls the bound `method` at every fork until `discard` (of its object) or until its object is gone."""
+        obj, func = getattr(method, "__self__"), getattr(method, "__func__")
+        self._calls[obj] = func
+
+    def discard(self, obj: Any) -> None:
+        """Stops calling `obj`'s method."""
+        self._calls.pop(obj, None)
+
+    def __call__(self) -> None:
+        for obj, func in list(self._calls.items()):
+            try:
+                func(obj)
+            except Exception:  # noqa: BLE001 - a fork hook cannot raise
+                pass
+
+
+#: shared growable buffers of this process not handed to another process yet: their `_hand_off` before a fork
+BEFORE_FORK = ForkCallbacks()
+#: every shared buffer of this process: in a forked child, their `_drop_inherited_episode`
+AFTER_FORK_IN_CHILD = ForkCallbacks()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=BEFORE_FORK, after_in_child=AFTER_FORK_IN_CHILD)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
@@ -40,7 +39,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
-                                    creating_dataset, dump_transaction, encoded_json)
+                                    creating_dataset, dump_transaction, encoded_json, is_durable)
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -57,7 +56,7 @@ from ._batch_writes import _batch_length, _check_only, _checked_write, _persists
 from ._column_view import ColumnView
 from ._load_as import describe_buffer, load_storage_as, stored_space_difference
 from ._metadata import METADATA_FILE, read_metadata
-from ._shared_state import LocalState, SharedState, adopt_shared_segments, persist_shared
+from ._shared_state import AFTER_FORK_IN_CHILD, BEFORE_FORK, LocalState, SharedState, adopt_shared_segments
 
 
 _FIELD_MASK = (1 << 64) - 1
@@ -72,30 +71,10 @@ GUARD_SLACK_ROWS = 64
 GROWABLE_SHARED_SEGMENTS = 65536
 
 
-#: shared buffers of this process that were not handed to another process yet (see `ReplayBuffer._hand_off`)
-_NOT_HANDED_OFF: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
-#: every shared buffer of this process (a forked child must not inherit its parent's open episode)
-_SHARED: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    """`os.fork()` (a `multiprocessing` fork start) hands every shared buffer of this process to the child."""
-    for rb in list(_NOT_HANDED_OFF):
-        try:
-            rb._hand_off()
-        except Exception:  # noqa: BLE001 - a fork hook cannot raise; _hand_off marks the buffer handed off first
-            pass
-
-
-def _after_fork_in_child() -> None:
-    """The child of a fork starts with no open episode: the parent's stays the parent's."""
-    for rb in list(_SHARED):
-        rb._writer = None
-        rb._seg_open = False
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+def _storage_runs(storage: SpaceStorage) -> List[Tuple[int, int]]:
+    """The episodes the storage's own segment log lists, as physical `(start, length)` runs."""
+    cap = storage.capacity
+    return [(s, run_length(s, e, cap)) for s, e in storage.episode_segments() or []]
 
 
 class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
@@ -143,7 +122,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if self._own_segments:
             segs = list(physical_segments or [])
             if physical_segments is None and not self._maintain and storage.episode_segments():
-                segs = self._runs_from_storage(storage)
+                segs = _storage_runs(storage)
         elif physical_segments is not None and not _persists_segments(storage):
             # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
             storage.forget_segments(0, cap if cap is not None else max(len(storage), 1))
@@ -173,15 +152,15 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
         self._stored_storage: Optional[SpaceStorage] = None
         if self.multiprocessing:
-            storage.durable = False     # commits persist the shared metadata instead (see `persist_shared`)
-            _SHARED.add(self)
+            storage.durable = False     # commits persist the shared metadata instead (see `_persist_shared`)
+            AFTER_FORK_IN_CHILD.add(self._drop_inherited_episode)
             if storage.capacity is not None:
                 # a ring keeps every episode private from the start: a row appended in place could overwrite a
                 # row the persisted metadata still shows, and a kill mid-episode would leave it torn (the private
                 # episode is written whole under the commit protocol, whose crash safety covers that)
                 self._handed_off = True
             else:
-                _NOT_HANDED_OFF.add(self)
+                BEFORE_FORK.add(self._hand_off)     # `os.fork()` hands it to the child
 
     def _hand_off(self) -> None:
         """A shared buffer goes to another process: from now on each process keeps its open episode privately and
@@ -191,7 +170,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if self._handed_off:
             return
         self._handed_off = True
-        _NOT_HANDED_OFF.discard(self)
+        BEFORE_FORK.discard(self)
         if not self._seg_open or self.storage is None:
             return
         st = self._st()
@@ -208,13 +187,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self._seg_open = False
             self._writer = writer
 
-    @staticmethod
-    def _runs_from_storage(storage: SpaceStorage) -> List[Tuple[int, int]]:
-        cap = storage.capacity
-        out = []
-        for s, e in storage.episode_segments() or []:
-            out.append((s, run_length(s, e, cap)))
-        return out
+    def _drop_inherited_episode(self) -> None:
+        """In the child of `os.fork()`: the open episode is the parent's, so the child starts with none."""
+        self._writer = None
+        self._seg_open = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -321,13 +297,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if stored is not storage:
             rb._stored_storage = stored
         if not read_only:
-            # what the directory shows now: guarded before its rows are overwritten
-            try:
-                shown = list(runs or ()) if rb._own_segments else rb._runs_from_storage(storage)
-            except StorageStateError:   # children that disagree list no segment a guard must keep whole
-                shown = []
-            rb._remember_disk(meta, shown)
-        adopt_shared_segments(rb, meta, runs, read_only)
+            cls._remember_opened_directory(rb, meta, runs)
+        adopt_shared_segments(rb, storage, meta, runs, read_only)
         return rb
 
     # ------------------------------------------------------------------ static helpers
@@ -518,7 +489,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         st = self._st()
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
-            runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
+            runs = self._state.get_segments() if self._own_segments else _storage_runs(st)
         if runs is None:
             return None
         return logical_ranges(runs, offset, count, st.capacity)
@@ -546,6 +517,14 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._state.version += 1
         return placed.start, n
 
+    def rewind(self, count: int, offset: int, total_written: int) -> None:
+        """Moves the tail back to where `count`, `offset` and `total_written` (read earlier) put it: the rows placed
+        since leave the buffer. For a service that placed rows with `commit_segment` for a writer that reserved them
+        and then gave the reservation up; the caller makes sure no segment lists those rows."""
+        with self._state.locked():
+            self._state.count, self._state.offset, self._state.total_written = count, offset, total_written
+            self._state.version += 1
+
     def _drop_own_segments(self, start: int, n: int) -> None:
         if self._own_segments:
             log = self._log()
@@ -558,7 +537,36 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._guard_committed_rows(start, n)
         self._st().forget_segments(start, n)
         self._drop_own_segments(start, n)
-        persist_shared(self, hidden=hidden)     # before those rows are overwritten
+        self._persist_shared(hidden=hidden)     # before those rows are overwritten
+
+    def _persist_shared(self, drop: Optional[Tuple[int, int]] = None, hidden: int = 0) -> None:
+        """Rewrites the metadata of a disk-backed `multiprocessing=True` buffer now (called under its lock after its
+        shared segment table changed, or with `drop=(start, n)` before rows `[start, start + n)` are overwritten:
+        the segments they belong to are left out); with durable commit points the storage's rows are flushed first.
+
+        `hidden`: the newest rows of the (already advanced) count that are about to be written, left out of the
+        persisted count. A commit that overwrites rows of a full ring writes them child by child (the state, then
+        the camera, ...); until its commit record (the metadata written after every child's rows) they must not be
+        visible, or a killed collector leaves rows mixing its episode's state with an old episode's camera frame."""
+        if not (self.multiprocessing and self.cache_path is not None and self._own_segments):
+            return
+        st = self._st()
+        if not st.is_mutable or st.cache_filename is None:
+            return
+        log = self._log()
+        if drop is not None:
+            log.drop_overlapping(*drop)
+            if not log.version and not hidden:
+                return      # no listed segment holds those rows and no visible row is overwritten: the disk stays true
+        if is_durable():
+            st.flush()  # type: ignore[attr-defined]  # a shareable storage has one
+        meta = self._metadata()
+        if drop is not None:
+            cap = st.capacity
+            meta[self._segments_key()] = [[s, inclusive_end(s, n, cap)] for s, n in log.runs()]
+        if hidden:
+            meta["count"] = max(int(meta["count"]) - hidden, 0)
+        atomic_write_json(os.path.join(self.cache_path, METADATA_FILE), self._meta_for_file(meta))
 
     def _add_own_segment(self, start: int, n: int, *, extend: bool = False) -> None:
         """Records a segment in the buffer's own list (an extended batch only with maintain_segment_metadata)."""
@@ -566,7 +574,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             log = self._log()
             log.add(start, n)
             self._state.set_segments(log.runs())
-            persist_shared(self)        # the episode survives a crash once its commit returns
+            self._persist_shared()      # the episode survives a crash once its commit returns
 
     def extend(self, value: Any) -> None:
         """Adds a batch at the tail; a full ring overwrites its oldest rows (and drops their segments)."""
@@ -587,7 +595,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 self._state.total_written += n
                 self._state.version += 1
                 self._add_own_segment(0, cap, extend=True)
-                persist_shared(self)            # the commit record: the rows are written
+                self._persist_shared()          # the commit record: the rows are written
                 return
             old = (self._state.count, self._state.offset)
             written = self._state.total_written
@@ -601,7 +609,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 raise
             self._add_own_segment(start, n, extend=True)
             if hidden:
-                persist_shared(self)            # the commit record: the overwritten rows are visible again
+                self._persist_shared()          # the commit record: the overwritten rows are visible again
 
     def append(self, value: Any) -> None:
         """Adds one sample to the current episode (opened at the tail on the first append).
@@ -712,7 +720,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             # persisted count (offset already past them), as are the segments they belong to
             hidden = n if cap is not None and old[0] + n > cap else 0
             try:
-                persist_shared(self, drop=(start, n), hidden=hidden)
+                self._persist_shared(drop=(start, n), hidden=hidden)
                 self._guard_committed_rows(start, n)
                 writer.commit(start)
             except BaseException:
@@ -747,7 +755,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         cap = st.capacity
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
-            runs = self._state.get_segments() if self._own_segments else self._runs_from_storage(st)
+            runs = self._state.get_segments() if self._own_segments else _storage_runs(st)
         segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
         if self._space_json is None:
             self._space_json = space_to_json(self.single_space if self._stored_storage is None
@@ -785,6 +793,16 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._meta_for_file(meta))
         if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
             self._remember_disk(meta, runs)
+
+    def _remember_opened_directory(self, meta: Dict[str, Any], listed: Optional[List[Tuple[int, int]]]) -> None:
+        """A writable buffer just opened from its directory (`load_from`): remembers what the directory shows,
+        `meta` and the runs it lists (`listed`, when the buffer keeps its own list, else the storage's), so its
+        rows are guarded before they are overwritten."""
+        try:
+            shown = list(listed or ()) if self._own_segments else _storage_runs(self._st())
+        except StorageStateError:   # children that disagree list no segment a guard must keep whole
+            shown = []
+        self._remember_disk(meta, shown)
 
     def _remember_disk(self, meta: Dict[str, Any], runs: List[Tuple[int, int]]) -> None:
         """Records what this buffer's own metadata.json says now: `meta`, and the segment runs that state shows
@@ -905,9 +923,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self.multiprocessing:
-            _SHARED.add(self)
+            AFTER_FORK_IN_CHILD.add(self._drop_inherited_episode)
             if self.storage is not None:
-                self.storage.durable = False    # commits persist the shared metadata (see `persist_shared`)
+                self.storage.durable = False    # commits persist the shared metadata (see `_persist_shared`)
 
     # ------------------------------------------------------------------ durability and `with`
     @property

@@ -49,20 +49,16 @@ class Carrier:
     """Hands the wrapped sampler to a worker. Under fork the object is inherited; otherwise it is pickled when the
     process is started and unpickled inside the worker, so a failure there is reported with its traceback."""
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, blob: Optional[bytes] = None) -> None:
+        """`obj`: the sampler; `blob`: instead, the sampler pickled (how a carrier arrives in a spawned worker),
+        unpickled by the first `get()`."""
         self._obj = obj
-        self._blob: Optional[bytes] = None
+        self._blob = blob
 
     def __reduce__(self) -> Any:
         buf = io.BytesIO()
         _ByValuePickler(buf, pickle.HIGHEST_PROTOCOL).dump(self._obj)
-        return (Carrier._from_blob, (buf.getvalue(),))
-
-    @staticmethod
-    def _from_blob(blob: bytes) -> "Carrier":
-        c = Carrier(None)
-        c._blob = blob
-        return c
+        return (Carrier, (None, buf.getvalue()))
 
     def get(self) -> Any:
         if self._blob is not None:

@@ -105,10 +105,11 @@ class SumTree:
             rev_unique, rev_pos = np.unique(idx[::-1], return_index=True)
             val = val[::-1][rev_pos]
             idx = rev_unique
-        self._set_unique(idx, val)
+        self.update_unchecked(idx, val)
 
-    def _set_unique(self, idx: np.ndarray, val: np.ndarray) -> None:
-        """`update` for checked, distinct indices and checked values."""
+    def update_unchecked(self, idx: np.ndarray, val: np.ndarray) -> None:
+        """`update` without its checks, for callers that made them: `idx` distinct in-range int64 indices, `val`
+        finite, non-negative float64 values of the same shape."""
         nodes = idx + self._leaves
         self._sum[nodes] = val
         self._min[nodes] = np.where(val > 0, val, np.inf)
@@ -276,7 +277,7 @@ class PrioritizedSampler(BatchSampler[Any, Any, Any, Any, Any]):
         self._gen[rows[was]] = (self._gen[rows[was]] + 1) % self._gen_limit
         self._occupied[rows] = True
         self._raw[rows] = self.max_priority
-        self._tree._set_unique(rows, self._leaf(np.full(rows.shape[0], self.max_priority)))
+        self._tree.update_unchecked(rows, self._leaf(np.full(rows.shape[0], self.max_priority)))
 
     def sync(self) -> None:
         """Gives rows written since the last call the maximum priority (called by every sample / update)."""
@@ -376,7 +377,7 @@ class PrioritizedSampler(BatchSampler[Any, Any, Any, Any, Any]):
             uniq, pos = np.unique(rows[::-1], return_index=True)
             rows, pr = uniq, pr[::-1][pos]
         self._raw[rows] = pr
-        self._tree._set_unique(rows, self._leaf(pr))
+        self._tree.update_unchecked(rows, self._leaf(pr))
         return int(rows.shape[0])
 
     def priorities_of(self, keys: Any) -> np.ndarray:

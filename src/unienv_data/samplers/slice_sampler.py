@@ -64,7 +64,7 @@ class SliceSampler(BatchSampler[Any, Any, Any, Any, Any]):
         return starts, counts
 
     def _segments(self, n: int) -> SegmentIndex:
-        return self._frames._seg_cache.get(self.data, n)
+        return self._frames.segment_index(n)
 
     def num_windows(self) -> int:
         """How many distinct windows can currently be drawn."""

@@ -76,8 +76,9 @@ class _AtSetter:
 class _NamespaceInfo:
     """`B.__array_namespace_info__()`: the Array-API inspection object, with every dtype the backend has."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, xp: Any) -> None:
         self._backend = backend
+        self._xp = xp  # the wrapped Array-API namespace, or None for an abstract backend
 
     def dtypes(self, *, device: Any = None, kind: Any = None) -> Dict[str, Any]:
         names = self._backend.dtype_names()
@@ -94,7 +95,7 @@ class _NamespaceInfo:
                 "indexing": b.default_index_dtype}
 
     def devices(self) -> list:
-        xp = self._backend._xp
+        xp = self._xp
         return list(xp.__array_namespace_info__().devices()) if xp is not None else []
 
 
@@ -114,7 +115,7 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
 
     @classmethod
     def __array_namespace_info__(cls) -> _NamespaceInfo:
-        return _NamespaceInfo(cls)
+        return _NamespaceInfo(cls, cls._xp)
 
     # ----------------------------------------------------------------- arrays
     @classmethod

@@ -249,13 +249,12 @@ class BufferActor:
             return
         self.abandoned_rows += r.length
         self._dead.add(token)
-        state = self.buffer._state
+        buffer = self.buffer
         while self._advances and self._advances[-1][0] in self._dead:
             top, (count, offset, written) = self._advances.pop()
             self._dead.discard(top)
-            self.rolled_back_rows += state.total_written - written
-            state.count, state.offset, state.total_written = count, offset, written
-            state.version += 1
+            self.rolled_back_rows += buffer.total_written - written
+            buffer.rewind(count, offset, written)
         self._rows_freed.notify_all()
 
     def _reap(self) -> None:

@@ -105,6 +105,11 @@ class SlabPool:
         self._all.append(slab)
         return slab
 
+    @property
+    def paths(self) -> List[str]:
+        """The file of every slab this pool made (until `close()`)."""
+        return [slab.path for slab in self._all]
+
     def give(self, slab: Slab) -> None:
         if slab not in self._free:
             self._free.append(slab)

@@ -202,7 +202,7 @@ class EpisodeBuilder:
                 arr, weak = conv.to_numpy(leaf)
                 if arr.shape != conv.shape:
                     raise ValueError(f"{conv.where}: expected shape {conv.shape}, got {tuple(arr.shape)}")
-                converted.append(arr if arr.dtype == conv.np_dtype else conv._cast(arr, weak))
+                converted.append(arr if arr.dtype == conv.np_dtype else conv.cast(arr, weak))
         if n == self._bufs[0].shape[0]:
             self._grow()
         for buf, arr in zip(self._bufs, converted):

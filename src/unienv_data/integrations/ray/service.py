@@ -445,7 +445,7 @@ class RemoteEpisodeBuilder:
                 self._direct.close()
                 self._direct = None
             if self._pool is not None:
-                paths = [slab.path for slab in self._pool._all]
+                paths = self._pool.paths
                 self._pool.close()
                 try:
                     self.client.actor.forget_slabs.remote(paths)

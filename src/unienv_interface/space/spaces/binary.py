@@ -70,7 +70,7 @@ class BinarySpace(Space[Any, Any, Any, Any]):
         return f"BinarySpace({', '.join(parts)})"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, BinarySpace) and other._backend is self._backend and other.shape == self.shape
-                and other._dtype == self._dtype)
+        return (isinstance(other, BinarySpace) and other.backend is self._backend and other.shape == self.shape
+                and other.dtype == self._dtype)
 
     __hash__ = None  # type: ignore[assignment]

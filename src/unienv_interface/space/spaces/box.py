@@ -269,7 +269,7 @@ class BoxSpace(Space[Any, Any, Any, Any]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BoxSpace) or type(other) is not type(self):
             return False
-        return (other._backend is self._backend and other.shape == self.shape and other._dtype == self._dtype
-                and np.array_equal(other._low_np, self._low_np) and np.array_equal(other._high_np, self._high_np))
+        return (other.backend is self._backend and other.shape == self.shape and other.dtype == self._dtype
+                and np.array_equal(other.low_numpy, self._low_np) and np.array_equal(other.high_numpy, self._high_np))
 
     __hash__ = None  # type: ignore[assignment]

@@ -111,6 +111,6 @@ class DictSpace(Space[Dict[str, Any], Any, Any, Any]):
         return f"DictSpace({{{inner}}}" + (f", backend={self._backend}" if include_backend else "") + ")"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, DictSpace) and other._backend is self._backend and other.spaces == self.spaces
+        return isinstance(other, DictSpace) and other.backend is self._backend and other.spaces == self.spaces
 
     __hash__ = None  # type: ignore[assignment]

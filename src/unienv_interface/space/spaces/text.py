@@ -74,7 +74,7 @@ class TextSpace(Space[str, Any, Any, Any]):
         return f"TextSpace(min_length={self.min_length}, max_length={self.max_length}{cs})"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TextSpace) and other._backend is self._backend and other.max_length == self.max_length
+        return (isinstance(other, TextSpace) and other.backend is self._backend and other.max_length == self.max_length
                 and other.min_length == self.min_length and other.charset == self.charset)
 
     __hash__ = None  # type: ignore[assignment]

@@ -68,6 +68,6 @@ class TupleSpace(Space[Tuple[Any, ...], Any, Any, Any]):
         return "TupleSpace(" + ", ".join(s.get_repr(abbreviate, False, False, include_dtype) for s in self.spaces) + ")"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TupleSpace) and other._backend is self._backend and other.spaces == self.spaces
+        return isinstance(other, TupleSpace) and other.backend is self._backend and other.spaces == self.spaces
 
     __hash__ = None  # type: ignore[assignment]

@@ -81,7 +81,7 @@ def load_storage_as(storage_cls: Type[SpaceStorage], full: str, space: Space, sp
         except (TypeError, ValueError):
             inner.close()
             continue
-        served._owns_inner = True
+        served.owns_inner_storage = True
         return served, inner
     raise first
 

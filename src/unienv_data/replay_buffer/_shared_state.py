@@ -212,6 +212,6 @@ def adopt_shared_segments(buffer: Any, meta: Dict[str, Any], runs: Optional[List
     cap = st.capacity
     st.forget_segments(0, cap if cap is not None else max(len(st), 1))
     for s, n in runs:
-        st._record_segment(s, n)
+        st.record_segment(s, n)
     if not read_only and buffer.cache_path is not None:
         buffer.dumps()

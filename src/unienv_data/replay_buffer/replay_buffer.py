@@ -124,7 +124,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if multiprocessing and storage.is_mutable and not storage.is_multiprocessing_safe:
             raise ValueError(f"multiprocessing=True needs a storage that processes can share (memory-mapped or "
                              f"created with multiprocessing=True); {type(storage).__name__} is not")
-        if multiprocessing and cap is None and storage.is_mutable and not storage._follows_shared_growth:
+        if multiprocessing and cap is None and storage.is_mutable and not storage.follows_shared_growth:
             raise ValueError(f"multiprocessing=True over a writable growable {type(storage).__name__} is not "
                              "supported: its rows are mapped per process, so a process could not see rows another "
                              "one added; give it a fixed capacity, open it with read_only=True, or use a storage "
@@ -148,7 +148,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
             storage.forget_segments(0, cap if cap is not None else max(len(storage), 1))
             for s, n in physical_segments:
-                storage._record_segment(s, n)
+                storage.record_segment(s, n)
         if self.multiprocessing:
             # a ring holds at most `cap` segments; a growable one gets a bounded table with room to grow
             room = cap if cap is not None else max(GROWABLE_SHARED_SEGMENTS, 2 * len(segs or ()))
@@ -388,7 +388,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def segments_version(self) -> int:
         """Changes whenever the segments, the length or the ring position change (for caches of `get_segments`)."""
         st = self.storage
-        log = None if st is None or self._own_segments else st._segment_log()
+        log = None if st is None or self._own_segments else st.segment_log()
         # the four counters side by side in 64-bit fields (never summed: a weighted sum let two different states,
         # e.g. before and after clear(), give the same number and a sampler reuse a stale segment table)
         version = self._state.version
@@ -523,7 +523,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """A shared growable buffer (under the lock): rows other processes added become readable here."""
         st = self.storage
         if self.multiprocessing and st is not None and st.capacity is None and len(st) < self._state.count:
-            st._follow_length(self._state.count, True)
+            st.follow_length(self._state.count, True)
 
     def _advance(self, n: int) -> Tuple[int, int]:
         """Reserves `n` rows at the tail (under the lock): returns their physical start, updates count/offset."""
@@ -533,7 +533,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if cap is None and count + n > len(st):
             if self.multiprocessing:        # every process grows the shared storage (no single owner)
                 self._follow_growth()
-                st._follow_length(count + n, False)
+                st.follow_length(count + n, False)
             else:
                 st.extend_length(count + n - len(st))
         placed = tail_write(count, offset, n, cap)
@@ -848,7 +848,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             cap = st.capacity
             st.forget_segments(0, cap if cap is not None else max(len(st), 1))
             for s, n in runs:
-                st._record_segment(s, n)
+                st.record_segment(s, n)
         own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
         st = st if self._stored_storage is None else self._stored_storage
         with self._state.locked():      # rows and counters from one instant, even while other processes commit

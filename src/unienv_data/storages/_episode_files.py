@@ -363,7 +363,7 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
         would race on the metadata)."""
         return self._read_only
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     # ------------------------------------------------------------------ metadata

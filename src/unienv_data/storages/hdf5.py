@@ -271,7 +271,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         """The leaves read and written through a memory map (contiguous datasets of a file on disk)."""
         return [c.leaf.name for c in self._columns() if c.arr is not None]
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     @property
@@ -300,7 +300,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     # ------------------------------------------------------------------ writes
     def _write_leaves(self, norm: NormalizedIndex, values: Sequence[Any], which: Optional[Sequence[int]] = None) -> None:
         cols = self._columns()
-        self._check_writable()
+        self.check_writable()
         targets = cols if which is None else [cols[i] for i in which]
         for col, v in zip(targets, values):
             write_col(col, norm, v, self._reduce_io, self._path or "in-memory file")
@@ -376,7 +376,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""
-        self._check_writable()
+        self.check_writable()
         self._check_owner("clear")
         self.abort_segment()
         if len(self._segments):
@@ -427,7 +427,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
                 and self._file is not None and self._pid == os.getpid():
             self.flush()
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         return self._file_id is not None
 
     def _write_file(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:

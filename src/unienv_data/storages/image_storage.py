@@ -278,7 +278,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the images (shape, dtype) and writes one file per addressed row (duplicates: the last one wins)."""
-        self._check_writable()
+        self.check_writable()
         rows = self._rows_to_write(index, value)
         if rows is not None:
             self._write_rows(rows[0], rows[1], True)
@@ -286,7 +286,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     # ------------------------------------------------------------------ segments and writers
     def append(self, value: Any) -> None:
         """Writes one image at the open segment's next row (recorded in the metadata when the segment ends)."""
-        self._check_writable()
+        self.check_writable()
         arr = self._conv.convert_single(value)
         pos = self._next_write_position()
         self._write_rows(np.array([pos], dtype=np.int64), arr[None], persist=False)
@@ -297,8 +297,8 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if not self._read_only and not self._closed and self._dirty:
             self._write_metadata()
 
-    def _record_segment(self, start: int, length: int) -> None:
-        super()._record_segment(start, length)
+    def record_segment(self, start: int, length: int) -> None:
+        super().record_segment(start, length)
         if not self._read_only and self._dirty:
             self._write_metadata()
 
@@ -311,17 +311,17 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     #: this storage's metadata holds its segment list, rewritten at every commit and before segments are dropped
     _persistent_segments = True
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         return self._persistent_segments
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         return np.stack(items) if items else self._zeros(0)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        self.check_writable()
         norm = normalize_index(index, self._length, type(self).__name__)
         self._write_rows(norm.positions(), batch, persist=False)
 
@@ -345,7 +345,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every image (rows read as zeros again) and
         empties a growable storage."""
-        self._check_writable()
+        self.check_writable()
         self.abort_segment()
         self._segments.clear()
         gone = np.flatnonzero(self._written)

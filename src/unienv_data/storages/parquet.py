@@ -194,7 +194,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""
-        self._check_writable()
+        self.check_writable()
         self._check_owner("clear")
         super().clear()
         if self._capacity is not None:

@@ -490,7 +490,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             self._grow_to(start + length)
         self._install([(encoded, ring_positions(start, length, self._capacity))], record=(start, length))
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         # each commit rewrites the metadata with the segment list (reference-written directories: read-only)
         return bool(self._format_version)
 
@@ -522,7 +522,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Checks the frames (shape, dtype) and encodes every contiguous run of the addressed rows into one new file
         (duplicates: the last one wins). Rows of older files covered by it read the new frames; nothing becomes
         visible unless every file was written and the metadata updated."""
-        self._check_writable()
+        self.check_writable()
         rows = self._rows_to_write(index, value)
         if rows is None:
             return
@@ -547,7 +547,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def append(self, value: Any) -> None:
         """Encodes one frame at the open segment's next row (a growable storage grows by that row at once)."""
-        self._check_writable()
+        self.check_writable()
         if self._seg_start is None:
             raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
                                     "mark_segment_start(start) first")
@@ -585,7 +585,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def open_segment_writer(self) -> VideoSegmentWriter:
         """A writer that encodes while appending and places its file on `commit(start)`."""
-        self._check_writable()
+        self.check_writable()
         w = VideoSegmentWriter(self)
         self._writers.add(w)
         return w
@@ -611,7 +611,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every file (all rows read as zeros again) and empties
         a growable storage."""
-        self._check_writable()
+        self.check_writable()
         self.abort_segment()
         self._segments.clear()
         freed = self._index.clear()
@@ -642,7 +642,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def remove_orphan_files(self) -> List[str]:
         """Deletes `orphan_files()` (and temporary files of writers of this process that are still open are kept)."""
-        self._check_writable()
+        self.check_writable()
         keep = {w._encoder.path for w in list(self._writers) if w._encoder is not None}
         if self._seg_encoder is not None:
             keep.add(self._seg_encoder.path)

@@ -5,6 +5,7 @@ import contextlib
 import functools
 import inspect
 import os
+import weakref
 from abc import ABC, abstractmethod
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
@@ -50,6 +51,20 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     Errors: wrong data raises ValueError / TypeError / KeyError naming the key, the expected and the given; bad
     indices IndexError / TypeError; state violations `StorageStateError` (a ValueError and a RuntimeError).
+
+    Writing a storage: the contract is the abstract methods (`capacity`, `get`, `set`, `dumps`), `create` /
+    `load_from`, `__len__` / `extend_length` / `shrink_length` for a growable storage, and the named hooks below.
+    The framework calls the hooks: segment building here, segment writers (`base.segment_writer`), the composite
+    storages (`DictStorage`, the wrappers of `base.wrapper`) on their children, and `ReplayBuffer` on its storage.
+    Each has a working default; a storage overrides the ones its defaults do not fit.
+
+    * segments: `segment_log()` (the storage's own `SegmentLog`; override it to record segments at all),
+      `record_segment(start, length)`, `normalize_segment_start(start)`, `has_persistent_segments()`;
+    * commit points: `on_segment_committed()`, `persist_committed()`, `commit_log_leaf()`;
+    * writes: `check_writable()`, `check_value(value, count)`, and the segment writers' three
+      `prepare_element(value)` / `stack_prepared(items)` / `set_prepared(index, batch)`;
+    * shared growth (multiprocessing buffers): `follows_shared_growth`, `follow_length(length, written)`;
+    * error messages: `set_value_label(label)`.
     """
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
@@ -61,11 +76,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         raw = cls.__dict__.get("create")
-        if isinstance(raw, classmethod) and not getattr(raw.__func__, "_refuses_existing", False):
+        if isinstance(raw, classmethod) and raw.__func__ not in _WRAPPED_BY_BASE:
             cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
         raw_load = cls.__dict__.get("load_from")
         if (isinstance(raw_load, classmethod) and not cls.forwards_load_options
-                and not getattr(raw_load.__func__, "_drops_cross_options", False)):
+                and raw_load.__func__ not in _WRAPPED_BY_BASE):
             cls.load_from = classmethod(_dropping_cross_options(raw_load.__func__))  # type: ignore[method-assign,assignment]
 
     def __init__(self, single_instance_space: Space) -> None:
@@ -155,14 +170,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     @property
     def follows_shared_growth(self) -> bool:
-        """Whether `follow_length` works: a growable storage shared by several processes (a multiprocessing
-        `ReplayBuffer`) can be grown by one of them and the others then see the new rows (False by default: a
-        memory map or an open file another process resized cannot be followed)."""
+        """Hook (read by `ReplayBuffer`): whether `follow_length` works: a growable storage shared by several
+        processes (a multiprocessing `ReplayBuffer`) can be grown by one of them and the others then see the new rows
+        (False by default: a memory map or an open file another process resized cannot be followed). A storage that
+        can follow overrides both."""
         return False
 
     def follow_length(self, length: int, written: bool) -> None:
-        """A growable storage shared across processes: makes it `length` rows long in this process, without the
-        owner's checks (the shared buffer's lock and counters are the authority). `written`: the new rows were
+        """Hook (called by a multiprocessing `ReplayBuffer`): a growable storage shared across processes is made
+        `length` rows long in this process, without the owner's checks (the shared buffer's lock and counters are the authority). `written`: the new rows were
         written by another process (else they are about to be written here)."""
         raise StorageStateError(f"{type(self).__name__} cannot follow growth made by another process (its rows are "
                                 f"mapped per process); share a fixed-capacity buffer instead")
@@ -244,13 +260,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return []
 
     def on_segment_committed(self) -> None:
-        """A commit point: a segment was just recorded (`mark_segment_end`, a writer's `commit`). Durable storages
-        persist it now (`persist_committed`)."""
+        """Hook, a commit point (called by `mark_segment_end` and by a segment writer's `commit`, after
+        `record_segment`): durable storages persist the segment now (`persist_committed`). A composite storage
+        overrides it to make one commit point of its children's."""
         if self._durable:
             self.persist_committed()
 
     def persist_committed(self) -> None:
-        """Persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage has one and is open and
         writable: leaf storages write their own small metadata; composite storages forward segment ends to their
         children, which persist themselves)."""
         flush = getattr(self, "flush", None)
@@ -263,6 +280,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             raise StorageClosedError(f"{type(self).__name__} is closed; reopen it with load_from()")
 
     def check_writable(self) -> None:
+        """Raises `StorageClosedError` for a closed storage and `ReadOnlyStorageError` for a read-only one; every
+        write starts with it (segment writers and owners call it too). Storages keep the default."""
         self._check_open()
         if not self.is_mutable:
             raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
@@ -271,7 +290,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     # ------------------------------------------------------------------ segments
     def segment_log(self) -> Optional[SegmentLog]:
-        """The storage's own segment log, or None when it keeps no segment information."""
+        """Hook: the storage's own segment log, or None (the default) when it keeps no segment information. Segment
+        building, `clear`, `forget_segments` and `episode_segments` work through it; owners read it (a
+        `ReplayBuffer`'s segment version, a `DictStorage` comparing its children). Override it to record
+        segments."""
         return None
 
     @property
@@ -305,6 +327,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return None if log is None else sorted(log.inclusive_ranges())
 
     def normalize_segment_start(self, start_index: Any) -> int:
+        """The physical row a segment starting at `start_index` starts at (negative counts from the end; modulo the
+        capacity of a ring); TypeError / IndexError for a bad one. `mark_segment_start` and segment writers'
+        `commit` use it; storages keep the default."""
         if isinstance(start_index, (bool, np.bool_)) or not isinstance(start_index, (int, np.integer)):
             raise TypeError(f"segment start must be an int, got {start_index!r}")
         start = int(start_index)
@@ -435,7 +460,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     _drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
 
     def commit_log_leaf(self) -> Optional["SpaceStorage"]:
-        """The storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
+        """Hook (asked by `DictStorage` of its children): the storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
         whose only per-commit metadata is that state, and which can take it back with `_adopt_committed`. None
         (the default): the storage persists its commits itself."""
         return None
@@ -450,10 +475,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         leaves metadata that lists a segment whose rows hold other data."""
 
     def has_persistent_segments(self) -> bool:
-        """Whether this storage persists its own segment list (then owners' copies of it are not authoritative)."""
+        """Hook (asked by owners: `ReplayBuffer`, `DictStorage`, the Ray readers): whether this storage persists its
+        own segment list (then owners' copies of it are not authoritative). False by default; a storage whose files
+        hold its segments overrides it."""
         return False
 
     def record_segment(self, start: int, length: int) -> None:
+        """Hook: records the segment of `length` rows at physical row `start` in `segment_log()` (called by
+        `mark_segment_end`, segment writers' `commit`, and owners restoring a list they keep). A storage that must
+        persist more at once overrides it and calls this one."""
         log = self.segment_log()
         if log is not None:
             log.add(start, length)
@@ -466,16 +496,22 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return BufferedSegmentWriter(self)
 
     # ------------------------------------------------------------------ writer hooks
+    # A `BufferedSegmentWriter` (and a composite storage for its children) keeps each appended element as
+    # `prepare_element` returns it, then writes them all on `commit` as `set_prepared(index, stack_prepared(items))`.
     def prepare_element(self, value: Any) -> Any:
-        """Checks one element and returns it in the form `stack_prepared` takes (default: unchanged)."""
+        """Hook: checks one element and returns it in the form `stack_prepared` takes (default: unchanged, so
+        nothing is checked before `set`). A storage that overrides it checks (and copies) the element completely,
+        raising as `set` would; owners then check values through it."""
         return value
 
     def stack_prepared(self, items: List[Any]) -> Any:
-        """Stacks prepared elements into one batch for `set_prepared`."""
+        """Hook: stacks prepared elements into one batch for `set_prepared` (default: concatenated as a batch of
+        the space)."""
         return batch_utils.concatenate(batch_utils.batch_space(self.single_instance_space, len(items)), items)
 
     def set_prepared(self, index: Any, batch: Any) -> None:
-        """Writes a stacked batch of prepared elements (default: `set`)."""
+        """Hook: writes a stacked batch of prepared elements at `index` (default: `set`); a storage whose
+        `prepare_element` already checked them overrides it to skip the second check."""
         self.set(index, batch)
 
     # ------------------------------------------------------------------ staging (check now, write later)
@@ -493,7 +529,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     _value_label: str = "value"
 
     def set_value_label(self, label: str) -> None:
-        """Makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
+        """Hook: makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
         "value": a `DictStorage` calls it on every child that holds a single leaf, so a refused write names the
         key. Storages that check values with their own `LeafConverter` (``_conv``) rename it too."""
         self._value_label = label
@@ -523,7 +559,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
                              "longest episode (or capacity=None, growable)")
 
     def check_value(self, value: Any, count: Optional[int] = None) -> None:
-        """A dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging
+        """Hook: a dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging
         defaults and by owners: through `prepare_element` when the storage overrides it, else, for a Box / Binary
         space, the shared conversion rules (`LeafConverter`); nothing otherwise."""
         if _checks_in_prepare(self):
@@ -586,6 +622,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         return writer, partial(_stage_raw_append, self, writer)
 
 
+#: the `create` / `load_from` functions `SpaceStorage.__init_subclass__` made (`_refusing_existing`,
+#: `_dropping_cross_options`): a class that reuses one is not wrapped twice
+_WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+
+
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
     """`create` taking one more keyword, `overwrite=False`: a `cache_path` that already holds data is refused
     (FileExistsError naming it and what to do) unless `overwrite=True`. Storages a composite storage or a replay
@@ -597,7 +638,7 @@ def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
         opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
         with creating_dataset(path, overwrite, cls.__name__, opener):
             return create(cls, *args, **kwargs)
-    checked._refuses_existing = True  # type: ignore[attr-defined]
+    _WRAPPED_BY_BASE.add(checked)
     return checked
 
 
@@ -615,7 +656,7 @@ def _dropping_cross_options(load_from: Callable[..., Any]) -> Callable[..., Any]
         for key in foreign.intersection(kwargs):
             del kwargs[key]
         return load_from(cls, *args, **kwargs)
-    tolerant._drops_cross_options = True  # type: ignore[attr-defined]
+    _WRAPPED_BY_BASE.add(tolerant)
     return tolerant
 
 

@@ -35,7 +35,9 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """The JSON the subclass writes into `metadata_file`."""
         raise NotImplementedError
 
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+    def write_metadata(self, path: Union[str, PathLike]) -> None:
+        """Writes this wrapper's own metadata file (`metadata_file`) into the directory `path`, atomically (`create`
+        with a cache path, `flush` and `dumps` call it; the inner storage writes its own)."""
         atomic_write_json(os.path.join(os.fspath(path), self.metadata_file), self._metadata())
 
     def flush(self) -> None:
@@ -45,7 +47,7 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if flush is not None:
             flush()
         if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
+            self.write_metadata(self._cache_filename)
 
     def dumps(self, path: Union[str, PathLike]) -> None:
         """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically). Into another
@@ -56,11 +58,11 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             os.fspath(self._cache_filename))
         if own:
             self.inner_storage.dumps(inner_path)
-            self._write_metadata(path)
+            self.write_metadata(path)
             return
         with dump_transaction(path, directory=True):
             self.inner_storage.dumps(inner_path)
-            self._write_metadata(path)
+            self.write_metadata(path)
 
     def close(self) -> None:
         """Closes the inner storage if this object created or loaded it; idempotent."""

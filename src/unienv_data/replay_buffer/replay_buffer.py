@@ -242,12 +242,19 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
                 capacity=capacity, multiprocessing=multiprocessing, **kwargs)
         rb = cls(storage, rel, 0, 0, cache_path, multiprocessing, maintain_segment_metadata=maintain_segment_metadata)
-        rb._owns_storage = True
-        if cache_path is not None:
-            rb._write_metadata(cache_path)
+        cls._take_storage(rb, storage, cache_path)
         return rb
 
-    _read_metadata = staticmethod(read_metadata)
+    def _take_storage(self, stored: SpaceStorage, cache_path: Optional[PathLike] = None) -> None:
+        """How `create` / `load_from` finish the buffer they built (called through the class, on the new buffer):
+        it owns its storage (`close()` closes it) and `stored`, the storage as it lies on disk (another object than
+        `storage` when `load_from` serves it on another backend / device); with `cache_path` its metadata is written
+        there at once."""
+        self._owns_storage = True
+        if stored is not self.storage:
+            self._stored_storage = stored
+        if cache_path is not None:
+            self._write_metadata(cache_path)
 
     @classmethod
     def load_from(cls, path: PathLike, *, backend: Any, device: Any = None, read_only: bool = True,
@@ -263,7 +270,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         registry, never from an import.
         """
         backend = resolve_backend(backend)      # the caller's typo is theirs, not the file's: checked first
-        meta = cls._read_metadata(path)
+        meta = read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         try:
             space = json_to_space(meta["single_instance_space"], backend, device)
@@ -313,9 +320,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                                f"segment metadata unless read_only=True ({meta_path} has maintain_segment_metadata)")
         rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
                  maintain_segment_metadata=maintain, physical_segments=runs)
-        rb._owns_storage = True
-        if stored is not storage:
-            rb._stored_storage = stored
+        cls._take_storage(rb, stored)
         if not read_only:
             # what the directory shows now: guarded before its rows are overwritten
             try:
@@ -331,23 +336,23 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def is_loadable_from(path: PathLike) -> bool:
         """True when `path` holds valid ReplayBuffer metadata."""
         try:
-            ReplayBuffer._read_metadata(path)
+            read_metadata(path)
             return True
         except (OSError, ValueError):
             return False
 
     @staticmethod
     def get_length_from_path(path: PathLike) -> int:
-        return int(ReplayBuffer._read_metadata(path)["count"])
+        return int(read_metadata(path)["count"])
 
     @staticmethod
     def get_capacity_from_path(path: PathLike) -> Optional[int]:
-        return ReplayBuffer._read_metadata(path)["capacity"]  # type: ignore[no-any-return]
+        return read_metadata(path)["capacity"]  # type: ignore[no-any-return]
 
     @staticmethod
     def get_space_from_path(path: PathLike, *, backend: Any, device: Any = None) -> Space:
         backend = resolve_backend(backend)
-        return json_to_space(ReplayBuffer._read_metadata(path)["single_instance_space"], backend, device)
+        return json_to_space(read_metadata(path)["single_instance_space"], backend, device)
 
     # ------------------------------------------------------------------ properties
     def _st(self) -> SpaceStorage:
@@ -493,9 +498,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     # ------------------------------------------------------------------ segments
     def _log(self) -> SegmentLog:
-        log = SegmentLog(self._st().capacity)
-        log._runs = list(self._state.get_segments() or [])
-        return log
+        return SegmentLog(self._st().capacity, self._state.get_segments() or [])
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         """The segments as unienv 0.0.1b16 reports them: logical half-open `(start, end)` ranges, oldest data
@@ -980,4 +983,4 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self.close()
 
     def __repr__(self) -> str:
-        return describe_buffer(self)
+        return describe_buffer(self, self._stored_storage)

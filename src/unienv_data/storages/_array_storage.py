@@ -57,7 +57,8 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     _backend_name = ""
 
     def __init__(self, single_instance_space: Space, block: ArrayBlock, capacity: Optional[int], length: int,
-                 segments: Optional[SegmentLog] = None, read_only: bool = False) -> None:
+                 segments: Optional[SegmentLog] = None, read_only: bool = False, *,
+                 persistent_segments: bool = True) -> None:
         super().__init__(single_instance_space)
         self._block = block
         self._capacity = capacity
@@ -69,7 +70,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._meta_dirty = True
         self._saved_log_version = -1
         #: False only for a raw file written without metadata (the reference's format): no segment list of its own
-        self._persistent_segments = True
+        self._persistent_segments = persistent_segments
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -126,7 +127,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             block = ArrayBlock(RAM, dtype, shape, alloc)
         st = cls(single_instance_space, block, cap, 0)
         if is_memmap:
-            st._save_own_sidecar()   # written and recorded as current: the first flush / dumps has nothing to rewrite
+            st.flush()   # the sidecar written and recorded as current: the first commit / dumps has nothing to rewrite
         return st
 
     @classmethod
@@ -204,11 +205,12 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 src.release()
             else:
                 block = ArrayBlock.read_file(path, dtype, shape, n_rows)
-            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
+                     persistent_segments=segments is not None)
         else:
             block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
-            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
-        st._persistent_segments = segments is not None
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
+                     persistent_segments=segments is not None)
         return st
 
     # ------------------------------------------------------------------ properties
@@ -570,8 +572,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         else:
             block = ArrayBlock.open_file(state["path"], dtype, shape, n_rows, writable=not state["read_only"],
                                          mode=state["mode"])
-        log = SegmentLog(state["capacity"])
-        log._runs = [tuple(r) for r in state["segments"]]  # type: ignore[misc]
+        log = SegmentLog(state["capacity"], state["segments"])
         ArrayStorageBase.__init__(self, space, block, state["capacity"], state["length"], log, state["read_only"])
 
 

@@ -108,7 +108,7 @@ class Stager:
     def stage_append(self, value: Any) -> List[Commit]:
         """Checks one sample for `append` in every child (state included); returns the appends."""
         owner = self.owner
-        if owner._closed or not owner._all_mutable:
+        if owner.is_closed or not owner._all_mutable:
             owner.check_writable()
         try:
             self.check(value)

@@ -436,8 +436,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Sets subclass options from `_options()` output (pickling)."""
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        log = SegmentLog(state["capacity"])
-        log._runs = [(int(s), int(n)) for s, n in state["segments"]]
+        log = SegmentLog(state["capacity"], state["segments"])
         ListStorageBase.__init__(self, state["space"], state["dir"], state["capacity"], state["length"],
                                  state["written"], log, read_only=state["read_only"],
                                  zero_unwritten=state["zero_unwritten"], owner=False)

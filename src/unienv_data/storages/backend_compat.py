@@ -141,7 +141,7 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
             raise
         st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod

@@ -196,7 +196,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             raise
         st._owns_children = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
             if not multiprocessing:
                 st._start_log()
         return st
@@ -662,7 +662,9 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             pass
         return meta
 
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+    def write_metadata(self, path: Union[str, PathLike]) -> None:
+        """Writes this storage's own metadata file into the directory `path`, atomically (the children write their
+        own)."""
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
 
     def flush(self) -> None:
@@ -673,7 +675,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             if flush is not None:
                 flush()
         if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
+            self.write_metadata(self._cache_filename)
             self._compact_log()
 
     def dumps(self, path: PathLike) -> None:
@@ -685,7 +687,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         if own:         # its own directory: every child flushes in place
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-            self._write_metadata(path)
+            self.write_metadata(path)
             self._compact_log()
             return
         with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
@@ -695,7 +697,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 pass
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-            self._write_metadata(path)
+            self.write_metadata(path)
 
     def close(self) -> None:
         """Closes the children this object created or loaded; idempotent."""

@@ -159,7 +159,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
         st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod
@@ -253,7 +253,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             if type(index) is slice and self._fast_unpack_view is not None:
                 # every leaf is copied or cast into a new array: unpack a view of the rows of a contiguous slice,
                 # with no row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
-                if inner._closed:
+                if inner.is_closed:
                     inner._check_open()
                 start, stop, step = index.indices(inner._length)
                 if step == 1:

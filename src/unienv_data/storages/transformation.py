@@ -176,7 +176,7 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
             raise
         st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod

@@ -42,7 +42,7 @@ class FailingStorage(NumpyMemmapStorage):
     """A memory-mapped storage whose segment writer fails on demand (see FAIL)."""
 
     def open_segment_writer(self) -> BufferedSegmentWriter:
-        self._check_writable()
+        self.check_writable()
         return _FailingWriter(self)
 
 

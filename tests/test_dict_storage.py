@@ -155,7 +155,7 @@ class TestDictOfDictMemmap(_DictConformance):
 @register_storage
 class ListStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     """A minimal storage of any space in a Python list (a child type DictStorage has no fast path for). Values are
-    checked through `_prepare_single`; `set` checks the whole batch before writing."""
+    checked through `prepare_element`; `set` checks the whole batch before writing."""
 
     def __init__(self, space: Any, rows: List[Any], read_only: bool = False) -> None:
         super().__init__(space)
@@ -190,14 +190,14 @@ class ListStorage(SpaceStorage[Any, Any, Any, Any, Any]):
     def is_mutable(self) -> bool:
         return not self._read_only
 
-    def _segment_log(self) -> Any:
+    def segment_log(self) -> Any:
         return self._log
 
     def clear(self) -> None:
         super().clear()
         self.rows = [{k: torch.zeros_like(v) for k, v in self.rows[0].items()}] * len(self.rows)
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         if not self.single_instance_space.contains(value):
             raise ValueError(f"ListStorage: {value!r} is not in the space")
         return {k: v.clone() for k, v in value.items()}
@@ -214,23 +214,23 @@ class ListStorage(SpaceStorage[Any, Any, Any, Any, Any]):
         return {k: torch.stack([it[k] for it in items]) for k in self.rows[0]}
 
     def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
+        self.check_writable()
         from unienv_data.base.indexing import normalize_index
         norm = normalize_index(index, len(self.rows))
         if norm.single is not None:
-            self.rows[norm.single] = self._prepare_single(value)
+            self.rows[norm.single] = self.prepare_element(value)
             return
         pos = norm.positions()
-        items = [self._prepare_single({k: v[j] for k, v in value.items()}) for j in range(len(pos))]
+        items = [self.prepare_element({k: v[j] for k, v in value.items()}) for j in range(len(pos))]
         if any(v.shape[0] != len(pos) for v in value.values()):
             raise ValueError("batch of the wrong length")
         for p, it in zip(pos, items):
             self.rows[int(p)] = it
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         return items
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
+    def set_prepared(self, index: Any, batch: Any) -> None:
         positions = np.arange(len(self.rows))[index] if isinstance(index, slice) else np.asarray(index)
         for p, it in zip(positions, batch):
             self.rows[int(p)] = it
@@ -247,7 +247,7 @@ class MappedListStorage(ListStorage):
 
     def open_segment_writer(self) -> Any:
         from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter
-        self._check_writable()
+        self.check_writable()
         return MappedSegmentWriter(self, BufferedSegmentWriter(self), lambda v: v)
 
 
@@ -257,7 +257,7 @@ def _mapped_routing(backend: Any) -> Dict[str, Any]:
 
 
 class TestDictWithMappedWriterChild(_DictConformance):
-    """A child whose writer takes raw values: DictStorage checks them through `_prepare_single` first."""
+    """A child whose writer takes raw values: DictStorage checks them through `prepare_element` first."""
 
     memmap = False
     supports_growable = False
@@ -277,7 +277,7 @@ def _mixed_routing(backend: Any) -> Dict[str, Any]:
 
 
 class TestDictWithUnknownChildType(_DictConformance):
-    """A child without a DictStorage fast path is checked through its `_prepare_single` hook."""
+    """A child without a DictStorage fast path is checked through its `prepare_element` hook."""
 
     memmap = False
     supports_growable = False
@@ -568,7 +568,7 @@ class TestChildren:
 
     def test_record_segment_reaches_every_child(self) -> None:
         st = make(capacity=5)
-        st._record_segment(1, 2)
+        st.record_segment(1, 2)
         assert st.episode_segments() == [(1, 2)]
 
 
@@ -822,15 +822,15 @@ class TestMetadataRouting:
 
 
 def test_prepare_single_checks_without_segment_state() -> None:
-    """Composite owners may check a sample through `_prepare_single` at any time (no open segment needed)."""
+    """Composite owners may check a sample through `prepare_element` at any time (no open segment needed)."""
     st = DictStorage.create(nested_space(), capacity=3, **TestDictOfDictMemmap.routing(TB))
     v = value(seed=1)
-    prepared = st._prepare_single(v)
+    prepared = st.prepare_element(v)
     assert_tree_equal(prepared, v)
     v["obs"]["pos"].add_(1.0)
     assert not torch.equal(prepared["obs"]["pos"], v["obs"]["pos"]), "the prepared sample must be a snapshot"
-    expect_error((ValueError,), st._prepare_single, {**v, "obs": {**v["obs"], "pos": torch.full((3,), 9.0)}})
-    expect_error((KeyError,), st._prepare_single, {**v, "extra": v["done"]})
+    expect_error((ValueError,), st.prepare_element, {**v, "obs": {**v["obs"], "pos": torch.full((3,), 9.0)}})
+    expect_error((KeyError,), st.prepare_element, {**v, "extra": v["done"]})
 
 
 # ---------------------------------------------------------------------------------------------------- staging protocol
@@ -846,14 +846,14 @@ class PlainRows(SpaceStorage[Any, Any, Any, Any, Any]):
     def capacity(self) -> Optional[int]:
         return self.rows.capacity
 
-    def _segment_log(self) -> Any:
-        return self.rows._segment_log()
+    def segment_log(self) -> Any:
+        return self.rows.segment_log()
 
     def get(self, index: Any) -> Any:
         return self.rows.get(index)
 
     def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
+        self.check_writable()
         self.rows.set(index, value)
 
     def dumps(self, path: Any) -> None:

@@ -279,6 +279,6 @@ def test_overwritten_episodes_leave_the_metadata_before_their_files_change(tmp_p
     seen = ImageStorage.load_from(d, RGB)
     assert int(seen.get(0)[0, 0, 0]) == 99
     assert (0, 3) not in (seen.episode_segments() or [])
-    assert seen._has_persistent_segments()
+    assert seen.has_persistent_segments()
     seen.close()
     st.close()

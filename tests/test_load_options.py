@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict
 import numpy as np
 import pytest
 
-from unienv_data.base.storage import CROSS_STORAGE_LOAD_OPTIONS, SpaceStorage
+from unienv_data.base.storage import _WRAPPED_BY_BASE, CROSS_STORAGE_LOAD_OPTIONS, SpaceStorage
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_data.storages.dict_storage import DictStorage
 from unienv_data.storages.npz_storage import NPZStorage
@@ -96,6 +96,6 @@ def test_every_registered_storage_applies_the_rule() -> None:
             continue
         fn = cls.__dict__["load_from"].__func__
         named = set(inspect.signature(getattr(fn, "__wrapped__", fn)).parameters)
-        assert getattr(fn, "_drops_cross_options", False) or CROSS_STORAGE_LOAD_OPTIONS <= named, cls
+        assert fn in _WRAPPED_BY_BASE or CROSS_STORAGE_LOAD_OPTIONS <= named, cls
         seen += 1
     assert seen >= 5

@@ -470,7 +470,7 @@ def test_segment_cache_is_not_fooled_by_a_clear_that_restores_the_counters() -> 
         rb.commit_segment(w)
 
     def old_sum(rb: ReplayBuffer) -> int:      # the former formula
-        log = None if rb._own_segments else rb.storage._segment_log()
+        log = None if rb._own_segments else rb.storage.segment_log()
         return (rb._state.version * 1_000_003 + rb.total_written * 7919 + len(rb) * 31
                 + (0 if log is None else log.version))
 

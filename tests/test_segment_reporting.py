@@ -209,7 +209,7 @@ def test_growable_shared_buffer_over_a_memory_map_is_refused(tmp_path: Any) -> N
 def test_a_storage_that_cannot_follow_growth_says_so(tmp_path: Any) -> None:
     st = NumpyMemmapStorage.create(VEC, capacity=None, cache_path=str(tmp_path / "mm"))
     with pytest.raises(StorageStateError, match="another process"):
-        st._follow_length(4, True)
+        st.follow_length(4, True)
     st.close()
 
 

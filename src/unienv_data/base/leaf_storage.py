@@ -48,7 +48,7 @@ class LeafStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     def extend_length(self, length: int) -> None:
         """Adds `length` rows (reading as zeros) at the end of a growable storage; a no-op for a fixed capacity."""
-        self._check_writable()
+        self.check_writable()
         if self._capacity is not None:
             return
         n = check_count(length, "extend_length")
@@ -59,7 +59,7 @@ class LeafStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def shrink_length(self, length: int) -> None:
         """Removes `length` rows from the end of a growable storage (their segments are forgotten); a no-op for a
         fixed capacity."""
-        self._check_writable()
+        self.check_writable()
         if self._capacity is not None:
             return
         n = check_count(length, "shrink_length", maximum=self._length)

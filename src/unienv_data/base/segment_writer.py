@@ -84,8 +84,8 @@ class SegmentWriter(ABC):
             raise ValueError(f"Cannot commit a segment of {self._length} rows into capacity {cap}: "
                              f"it would overwrite its own rows; create the storage with a capacity of at least "
                              f"{self._length} (or capacity=None, growable)")
-        start = self.storage._normalize_segment_start(start_index)
-        self.storage._check_writable()
+        start = self.storage.normalize_segment_start(start_index)
+        self.storage.check_writable()
         self._state = _FINISHED
         try:
             self._prepare(start)
@@ -181,7 +181,7 @@ class BufferedSegmentWriter(SegmentWriter):
         self._items: List[Any] = []
 
     def _append(self, value: Any) -> None:
-        self._items.append(self.storage._prepare_single(value))
+        self._items.append(self.storage.prepare_element(value))
 
     def append_prepared(self, prepared: Any) -> None:
         """Adds an element already in the storage's prepared form (used by composite storages)."""
@@ -199,12 +199,12 @@ class BufferedSegmentWriter(SegmentWriter):
                 self._grown = start + self._length - len(st)
                 st.extend_length(self._grown)
             st.forget_segments(start, self._length)   # persisted as gone before the rows are overwritten
-            st._set_prepared(self._commit_indices(start), st._stack_prepared(self._items))
+            st.set_prepared(self._commit_indices(start), st.stack_prepared(self._items))
 
     def _publish(self, start: int) -> None:
         st = self.storage
-        st._record_segment(start, self._length)
-        st._segment_committed()
+        st.record_segment(start, self._length)
+        st.on_segment_committed()
 
     def _rollback_prepare(self, start: int) -> None:
         st = self.storage
@@ -247,7 +247,7 @@ class MappedSegmentWriter(SegmentWriter):
     def prepare_commit(self, start_index: int) -> int:
         if self._state in (_COMMITTED, _ABORTED):
             raise StorageStateError(f"Cannot commit a segment writer that was already {self._state}")
-        self.storage._check_writable()   # the outer storage may be closed while its inner one lives on
+        self.storage.check_writable()   # the outer storage may be closed while its inner one lives on
         start = self.inner_writer.prepare_commit(start_index)
         self._state = _FINISHED
         self._prepared_at = start

@@ -132,6 +132,4 @@ class SegmentLog:
             i, j = clash
             raise StorageFormatError(f"{where}: segment entries {i} = {list(runs[i])} and {j} = {list(runs[j])} share "
                                      "rows (a segment log never holds overlapping segments): the metadata is damaged")
-        log = cls(capacity)
-        log._runs = runs
-        return log
+        return cls(capacity, runs)

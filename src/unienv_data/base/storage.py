@@ -5,6 +5,7 @@ import contextlib
 import functools
 import inspect
 import os
+import weakref
 from abc import ABC, abstractmethod
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
@@ -50,6 +51,20 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     Errors: wrong data raises ValueError / TypeError / KeyError naming the key, the expected and the given; bad
     indices IndexError / TypeError; state violations `StorageStateError` (a ValueError and a RuntimeError).
+
+    Writing a storage: the contract is the abstract methods (`capacity`, `get`, `set`, `dumps`), `create` /
+    `load_from`, `__len__` / `extend_length` / `shrink_length` for a growable storage, and the named hooks below.
+    The framework calls the hooks: segment building here, segment writers (`base.segment_writer`), the composite
+    storages (`DictStorage`, the wrappers of `base.wrapper`) on their children, and `ReplayBuffer` on its storage.
+    Each has a working default; a storage overrides the ones its defaults do not fit.
+
+    * segments: `segment_log()` (the storage's own `SegmentLog`; override it to record segments at all),
+      `record_segment(start, length)`, `normalize_segment_start(start)`, `has_persistent_segments()`;
+    * commit points: `on_segment_committed()`, `persist_committed()`, `commit_log_leaf()`;
+    * writes: `check_writable()`, `check_value(value, count)`, and the segment writers' three
+      `prepare_element(value)` / `stack_prepared(items)` / `set_prepared(index, batch)`;
+    * shared growth (multiprocessing buffers): `follows_shared_growth`, `follow_length(length, written)`;
+    * error messages: `set_value_label(label)`.
     """
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
@@ -61,11 +76,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         raw = cls.__dict__.get("create")
-        if isinstance(raw, classmethod) and not getattr(raw.__func__, "_refuses_existing", False):
+        if isinstance(raw, classmethod) and raw.__func__ not in _WRAPPED_BY_BASE:
             cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
         raw_load = cls.__dict__.get("load_from")
         if (isinstance(raw_load, classmethod) and not cls.forwards_load_options
-                and not getattr(raw_load.__func__, "_drops_cross_options", False)):
+                and raw_load.__func__ not in _WRAPPED_BY_BASE):
             cls.load_from = classmethod(_dropping_cross_options(raw_load.__func__))  # type: ignore[method-assign,assignment]
 
     def __init__(self, single_instance_space: Space) -> None:
@@ -154,24 +169,25 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Removes `length` rows from the end of a growable storage (no-op for fixed capacity)."""
 
     @property
-    def _follows_shared_growth(self) -> bool:
-        """Whether `_follow_length` works: a growable storage shared by several processes (a multiprocessing
-        `ReplayBuffer`) can be grown by one of them and the others then see the new rows (False by default: a
-        memory map or an open file another process resized cannot be followed)."""
+    def follows_shared_growth(self) -> bool:
+        """Hook (read by `ReplayBuffer`): whether `follow_length` works: a growable storage shared by several
+        processes (a multiprocessing `ReplayBuffer`) can be grown by one of them and the others then see the new rows
+        (False by default: a memory map or an open file another process resized cannot be followed). A storage that
+        can follow overrides both."""
         return False
 
-    def _follow_length(self, length: int, written: bool) -> None:
-        """A growable storage shared across processes: makes it `length` rows long in this process, without the
-        owner's checks (the shared buffer's lock and counters are the authority). `written`: the new rows were
+    def follow_length(self, length: int, written: bool) -> None:
+        """Hook (called by a multiprocessing `ReplayBuffer`): a growable storage shared across processes is made
+        `length` rows long in this process, without the owner's checks (the shared buffer's lock and counters are the authority). `written`: the new rows were
         written by another process (else they are about to be written here)."""
         raise StorageStateError(f"{type(self).__name__} cannot follow growth made by another process (its rows are "
                                 f"mapped per process); share a fixed-capacity buffer instead")
 
     def clear(self) -> None:
         """Aborts the open segment, forgets every segment, and empties a growable storage."""
-        self._check_writable()
+        self.check_writable()
         self.abort_segment()
-        log = self._segment_log()
+        log = self.segment_log()
         if log is not None:
             log.clear()
         if self.capacity is None:
@@ -237,20 +253,21 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         finally:
             self.durable = before
             if not self._closed:
-                self._persist_committed()
+                self.persist_committed()
 
     def _child_storages(self) -> List["SpaceStorage"]:
         """The storages this one writes through (composite storages); a durability setting reaches them too."""
         return []
 
-    def _segment_committed(self) -> None:
-        """A commit point: a segment was just recorded (`mark_segment_end`, a writer's `commit`). Durable storages
-        persist it now (`_persist_committed`)."""
+    def on_segment_committed(self) -> None:
+        """Hook, a commit point (called by `mark_segment_end` and by a segment writer's `commit`, after
+        `record_segment`): durable storages persist the segment now (`persist_committed`). A composite storage
+        overrides it to make one commit point of its children's."""
         if self._durable:
-            self._persist_committed()
+            self.persist_committed()
 
-    def _persist_committed(self) -> None:
-        """Persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+    def persist_committed(self) -> None:
+        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage has one and is open and
         writable: leaf storages write their own small metadata; composite storages forward segment ends to their
         children, which persist themselves)."""
         flush = getattr(self, "flush", None)
@@ -262,7 +279,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         if self._closed:
             raise StorageClosedError(f"{type(self).__name__} is closed; reopen it with load_from()")
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """Raises `StorageClosedError` for a closed storage and `ReadOnlyStorageError` for a read-only one; every
+        write starts with it (segment writers and owners call it too). Storages keep the default."""
         self._check_open()
         if not self.is_mutable:
             raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
@@ -270,8 +289,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
                                        "ReplayBuffer.load_from(path, backend=..., read_only=False)")
 
     # ------------------------------------------------------------------ segments
-    def _segment_log(self) -> Optional[SegmentLog]:
-        """The storage's own segment log, or None when it keeps no segment information."""
+    def segment_log(self) -> Optional[SegmentLog]:
+        """Hook: the storage's own segment log, or None (the default) when it keeps no segment information. Segment
+        building, `clear`, `forget_segments` and `episode_segments` work through it; owners read it (a
+        `ReplayBuffer`'s segment version, a `DictStorage` comparing its children). Override it to record
+        segments."""
         return None
 
     @property
@@ -301,10 +323,13 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         None when the storage keeps no segment information. An extension of this project: samplers, windows and
         the integrations read episodes through it, so they work on every storage."""
         self._check_open()
-        log = self._segment_log()
+        log = self.segment_log()
         return None if log is None else sorted(log.inclusive_ranges())
 
-    def _normalize_segment_start(self, start_index: Any) -> int:
+    def normalize_segment_start(self, start_index: Any) -> int:
+        """The physical row a segment starting at `start_index` starts at (negative counts from the end; modulo the
+        capacity of a ring); TypeError / IndexError for a bad one. `mark_segment_start` and segment writers'
+        `commit` use it; storages keep the default."""
         if isinstance(start_index, (bool, np.bool_)) or not isinstance(start_index, (int, np.integer)):
             raise TypeError(f"segment start must be an int, got {start_index!r}")
         start = int(start_index)
@@ -323,11 +348,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     def mark_segment_start(self, start_index: int) -> None:
         """Opens an append-built segment at physical position `start_index` (taken modulo the capacity)."""
-        self._check_writable()
+        self.check_writable()
         if self._seg_start is not None:
             raise StorageStateError(f"a segment is already open at {self._seg_start}; call mark_segment_end() or "
                                     "abort_segment() first")
-        self._seg_start = self._normalize_segment_start(start_index)
+        self._seg_start = self.normalize_segment_start(start_index)
         self._seg_len = 0
         self._seg_clear_rows = 0
 
@@ -357,7 +382,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         The run left after the cut is the *eaten* run (`SegmentLog.eaten`): the next append cuts it again. It is
         left out of what is persisted until the open segment ends, so the files are rewritten (`_segments_dropped`)
         once per run the segment starts eating, not once per row."""
-        log = self._segment_log()
+        log = self.segment_log()
         if log is None or not len(log):
             return 1 << 62
         before = log.version
@@ -382,9 +407,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow). The value is checked first
-        (as far as `_precheck` can), so that a refused value neither grows the storage nor cuts a recorded segment."""
+        (as far as `check_value` can), so that a refused value neither grows the storage nor cuts a recorded segment."""
         self._check_append_state()
-        self._precheck(value)
+        self.check_value(value)
         pos = self._next_write_position()
         self.set(pos, value)
         self._advance_segment()
@@ -394,18 +419,18 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self._check_open()
         if self._seg_start is None:
             return
-        log = self._segment_log()
+        log = self.segment_log()
         if log is not None:
             log.eaten = None
         start, n = self._seg_start, self._seg_len
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
-        self._record_segment(start, n)
-        self._segment_committed()
+        self.record_segment(start, n)
+        self.on_segment_committed()
 
     def abort_segment(self) -> None:
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
-        log = self._segment_log()
+        log = self.segment_log()
         if log is not None and log.eaten is not None:
             log.eaten = None
             log.version += 1        # the run it was eating is persisted again at the next save
@@ -413,7 +438,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def _shrunk_to(self, length: int) -> None:
         """Call after a growable storage shrank to `length` rows: forgets the recorded segments reaching past it and
         aborts an open append-built segment that did (a hook for storages written outside this package)."""
-        log = self._segment_log()
+        log = self.segment_log()
         if log is not None:
             log.truncate(length)
         if self._seg_start is not None and self._seg_start + self._seg_len > length:
@@ -422,7 +447,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the
         capacity): used by owners (e.g. a replay buffer) about to overwrite those rows with `set`."""
-        log = self._segment_log()
+        log = self.segment_log()
         if log is not None:
             before = log.version
             log.drop_overlapping(int(start), int(length))
@@ -434,14 +459,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     #: called with this storage instead of rewriting its own metadata when segments are dropped
     _drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
 
-    def _commit_log_leaf(self) -> Optional["SpaceStorage"]:
-        """The storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
+    def commit_log_leaf(self) -> Optional["SpaceStorage"]:
+        """Hook (asked by `DictStorage` of its children): the storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
         whose only per-commit metadata is that state, and which can take it back with `_adopt_committed`. None
         (the default): the storage persists its commits itself."""
         return None
 
     def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
-        """Takes the committed length and segments an owner's commit log holds (see `_commit_log_leaf`)."""
+        """Takes the committed length and segments an owner's commit log holds (see `commit_log_leaf`)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state in an owner's commit log")
 
     def _segments_dropped(self) -> None:
@@ -449,33 +474,44 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         BEFORE those rows are written: file-backed storages persist the shorter list here, so a crash never
         leaves metadata that lists a segment whose rows hold other data."""
 
-    def _has_persistent_segments(self) -> bool:
-        """Whether this storage persists its own segment list (then owners' copies of it are not authoritative)."""
+    def has_persistent_segments(self) -> bool:
+        """Hook (asked by owners: `ReplayBuffer`, `DictStorage`, the Ray readers): whether this storage persists its
+        own segment list (then owners' copies of it are not authoritative). False by default; a storage whose files
+        hold its segments overrides it."""
         return False
 
-    def _record_segment(self, start: int, length: int) -> None:
-        log = self._segment_log()
+    def record_segment(self, start: int, length: int) -> None:
+        """Hook: records the segment of `length` rows at physical row `start` in `segment_log()` (called by
+        `mark_segment_end`, segment writers' `commit`, and owners restoring a list they keep). A storage that must
+        persist more at once overrides it and calls this one."""
+        log = self.segment_log()
         if log is not None:
             log.add(start, length)
             self._seg_clear_rows = 0  # an open append-built segment must re-check what lies ahead of it
 
     def open_segment_writer(self) -> "SegmentWriter":
         """A writer that buffers one segment and writes it on `commit(start)`; several may be open at once."""
-        self._check_writable()
+        self.check_writable()
         from .segment_writer import BufferedSegmentWriter
         return BufferedSegmentWriter(self)
 
     # ------------------------------------------------------------------ writer hooks
-    def _prepare_single(self, value: Any) -> Any:
-        """Checks one element and returns it in the form `_stack_prepared` takes (default: unchanged)."""
+    # A `BufferedSegmentWriter` (and a composite storage for its children) keeps each appended element as
+    # `prepare_element` returns it, then writes them all on `commit` as `set_prepared(index, stack_prepared(items))`.
+    def prepare_element(self, value: Any) -> Any:
+        """Hook: checks one element and returns it in the form `stack_prepared` takes (default: unchanged, so
+        nothing is checked before `set`). A storage that overrides it checks (and copies) the element completely,
+        raising as `set` would; owners then check values through it."""
         return value
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        """Stacks prepared elements into one batch for `_set_prepared`."""
+    def stack_prepared(self, items: List[Any]) -> Any:
+        """Hook: stacks prepared elements into one batch for `set_prepared` (default: concatenated as a batch of
+        the space)."""
         return batch_utils.concatenate(batch_utils.batch_space(self.single_instance_space, len(items)), items)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        """Writes a stacked batch of prepared elements (default: `set`)."""
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        """Hook: writes a stacked batch of prepared elements at `index` (default: `set`); a storage whose
+        `prepare_element` already checked them overrides it to skip the second check."""
         self.set(index, batch)
 
     # ------------------------------------------------------------------ staging (check now, write later)
@@ -483,17 +519,17 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     # one refuses its part. Every storage therefore offers two-phase writes: `_stage_set`, `_stage_append` and the
     # appends staged by `_stage_writer` check the value and the storage's state *now* (raising as `set` /
     # `append` would, with nothing written) and return a callable that performs the write later. Call it at once:
-    # the check holds only while nothing else changes the storage. The defaults check through `_prepare_single`
+    # the check holds only while nothing else changes the storage. The defaults check through `prepare_element`
     # when a storage overrides it, and otherwise cannot check at all: their callables simply run `set` / `append`,
     # which may still refuse the value (`_stage_checks_all` is then False, and owners run them first).
 
-    #: the conversion rules `_precheck` checks a Box / Binary value with (built on first use)
+    #: the conversion rules `check_value` checks a Box / Binary value with (built on first use)
     _stage_conv: Optional[LeafConverter] = None
     #: what error messages call a value of this storage ("value"; a DictStorage names a one-leaf child by its key)
     _value_label: str = "value"
 
-    def _name_values(self, label: str) -> None:
-        """Makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
+    def set_value_label(self, label: str) -> None:
+        """Hook: makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
         "value": a `DictStorage` calls it on every child that holds a single leaf, so a refused write names the
         key. Storages that check values with their own `LeafConverter` (``_conv``) rename it too."""
         self._value_label = label
@@ -505,14 +541,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     @property
     def _stage_checks_all(self) -> bool:
         """True when staging checks everything the write would: the callables `_stage_*` return never refuse
-        the value. False for the defaults (storages that only check through `_prepare_single`, or not at all)."""
+        the value. False for the defaults (storages that only check through `prepare_element`, or not at all)."""
         return False
 
     def _check_append_state(self) -> None:
         """Raises what `append` would for the storage's state (closed, read-only, no open segment, an open segment
         as long as the ring); changes nothing."""
         if self._closed or not self.is_mutable:
-            self._check_writable()
+            self.check_writable()
         if not self.has_open_segment:
             raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
                                     "mark_segment_start(start) first")
@@ -522,13 +558,13 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
                              "overwrite its own first row: create the storage with a capacity of at least the "
                              "longest episode (or capacity=None, growable)")
 
-    def _precheck(self, value: Any, count: Optional[int] = None) -> None:
-        """A dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging
-        defaults and by owners: through `_prepare_single` when the storage overrides it, else, for a Box / Binary
+    def check_value(self, value: Any, count: Optional[int] = None) -> None:
+        """Hook: a dry check of one element (or of a batch of `count`) as far as the storage allows, used by the staging
+        defaults and by owners: through `prepare_element` when the storage overrides it, else, for a Box / Binary
         space, the shared conversion rules (`LeafConverter`); nothing otherwise."""
         if _checks_in_prepare(self):
             if count is None:
-                self._prepare_single(value)
+                self.prepare_element(value)
                 return
             got = batch_utils.batch_size_data(value)
             if got != count:
@@ -540,7 +576,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
                 except IndexError:
                     raise ValueError(f"expected a batch of {count} elements in every leaf; element {j} is "
                                      "missing") from None
-                self._prepare_single(item)
+                self.prepare_element(item)
             return
         if isinstance(self.single_instance_space, (BoxSpace, BinarySpace)):
             conv = self._stage_conv
@@ -561,29 +597,34 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks `set(index, value)` without writing (index, state, and the value as far as the storage can
         check it; see above) and returns the write. `index` may be a `NormalizedIndex` (see `_stage_index`)."""
-        self._check_writable()
+        self.check_writable()
         norm = self._stage_index(index)
-        self._precheck(value, None if norm.single is not None else norm.count())
+        self.check_value(value, None if norm.single is not None else norm.count())
         return partial(self.set, norm.numpy_key(), value)
 
     def _stage_append(self, value: Any) -> Callable[[], None]:
         """Checks `append(value)` without writing (state, and the value as far as the storage can check it) and
         returns the append."""
         self._check_append_state()
-        self._precheck(value)
+        self.check_value(value)
         return partial(self.append, value)
 
     def _stage_writer(self) -> Tuple["SegmentWriter", Callable[[Any], Callable[[], None]]]:
         """A new segment writer of this storage and `stage(value)`, which checks one element for it (nothing is
         buffered on error) and returns the callable that appends it to the writer. When a `BufferedSegmentWriter`
-        can take what a checking `_prepare_single` returns, the element is checked and prepared once; otherwise it is
-        checked by `_precheck` and the writer gets the raw value."""
+        can take what a checking `prepare_element` returns, the element is checked and prepared once; otherwise it is
+        checked by `check_value` and the writer gets the raw value."""
         from .segment_writer import BufferedSegmentWriter
         writer = self.open_segment_writer()
         if isinstance(writer, BufferedSegmentWriter) and writer.storage is self and _checks_in_prepare(self):
-            buffered, prepare = writer, self._prepare_single
+            buffered, prepare = writer, self.prepare_element
             return writer, lambda value: partial(buffered.append_prepared, prepare(value))
         return writer, partial(_stage_raw_append, self, writer)
+
+
+#: the `create` / `load_from` functions `SpaceStorage.__init_subclass__` made (`_refusing_existing`,
+#: `_dropping_cross_options`): a class that reuses one is not wrapped twice
+_WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
 
 
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
@@ -597,7 +638,7 @@ def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
         opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
         with creating_dataset(path, overwrite, cls.__name__, opener):
             return create(cls, *args, **kwargs)
-    checked._refuses_existing = True  # type: ignore[attr-defined]
+    _WRAPPED_BY_BASE.add(checked)
     return checked
 
 
@@ -615,15 +656,15 @@ def _dropping_cross_options(load_from: Callable[..., Any]) -> Callable[..., Any]
         for key in foreign.intersection(kwargs):
             del kwargs[key]
         return load_from(cls, *args, **kwargs)
-    tolerant._drops_cross_options = True  # type: ignore[attr-defined]
+    _WRAPPED_BY_BASE.add(tolerant)
     return tolerant
 
 
 def _checks_in_prepare(storage: SpaceStorage) -> bool:
-    """Whether the storage's `_prepare_single` checks values (the default passes them through unchecked)."""
-    return type(storage)._prepare_single is not SpaceStorage._prepare_single
+    """Whether the storage's `prepare_element` checks values (the default passes them through unchecked)."""
+    return type(storage).prepare_element is not SpaceStorage.prepare_element
 
 
 def _stage_raw_append(storage: SpaceStorage, writer: "SegmentWriter", value: Any) -> Callable[[], None]:
-    storage._precheck(value)
+    storage.check_value(value)
     return partial(writer.append, value)

@@ -22,20 +22,22 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     inner_storage_path: Union[str, PathLike]
     _cache_filename: Optional[Union[str, PathLike]] = None
     #: whether `close()` closes the inner storage (True when this object created or loaded it)
-    _owns_inner: bool = False
+    owns_inner_storage: bool = False
     #: name of the metadata file written next to the inner storage (set by each subclass)
     metadata_file: str = ""
 
-    def _name_values(self, label: str) -> None:
-        super()._name_values(label)
-        self.inner_storage._name_values(label)
+    def set_value_label(self, label: str) -> None:
+        super().set_value_label(label)
+        self.inner_storage.set_value_label(label)
 
     # ------------------------------------------------------------------ persistence (shared by every wrapper)
     def _metadata(self) -> Dict[str, Any]:
         """The JSON the subclass writes into `metadata_file`."""
         raise NotImplementedError
 
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+    def write_metadata(self, path: Union[str, PathLike]) -> None:
+        """Writes this wrapper's own metadata file (`metadata_file`) into the directory `path`, atomically (`create`
+        with a cache path, `flush` and `dumps` call it; the inner storage writes its own)."""
         atomic_write_json(os.path.join(os.fspath(path), self.metadata_file), self._metadata())
 
     def flush(self) -> None:
@@ -45,7 +47,7 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if flush is not None:
             flush()
         if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
+            self.write_metadata(self._cache_filename)
 
     def dumps(self, path: Union[str, PathLike]) -> None:
         """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically). Into another
@@ -56,18 +58,18 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             os.fspath(self._cache_filename))
         if own:
             self.inner_storage.dumps(inner_path)
-            self._write_metadata(path)
+            self.write_metadata(path)
             return
         with dump_transaction(path, directory=True):
             self.inner_storage.dumps(inner_path)
-            self._write_metadata(path)
+            self.write_metadata(path)
 
     def close(self) -> None:
         """Closes the inner storage if this object created or loaded it; idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._owns_inner:
+        if self.owns_inner_storage:
             self.inner_storage.close()
 
     # ------------------------------------------------------------------ forwarded contract
@@ -109,14 +111,14 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self.inner_storage.shrink_length(length)
 
     @property
-    def _follows_shared_growth(self) -> bool:
-        return self.inner_storage._follows_shared_growth
+    def follows_shared_growth(self) -> bool:
+        return self.inner_storage.follows_shared_growth
 
-    def _follow_length(self, length: int, written: bool) -> None:
-        self.inner_storage._follow_length(length, written)
+    def follow_length(self, length: int, written: bool) -> None:
+        self.inner_storage.follow_length(length, written)
 
     def mark_segment_start(self, start_index: int) -> None:
-        self._check_writable()
+        self.check_writable()
         self.inner_storage.mark_segment_start(start_index)
 
     def mark_segment_end(self) -> None:
@@ -138,30 +140,30 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return self.inner_storage.episode_segments()
 
     def clear(self) -> None:
-        self._check_writable()
+        self.check_writable()
         self.inner_storage.clear()
 
     def forget_segments(self, start: int, length: int) -> None:
         self._check_open()
         self.inner_storage.forget_segments(start, length)
 
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self.inner_storage._segment_log()
+    def segment_log(self) -> Optional[SegmentLog]:
+        return self.inner_storage.segment_log()
 
-    def _record_segment(self, start: int, length: int) -> None:
-        self.inner_storage._record_segment(start, length)
+    def record_segment(self, start: int, length: int) -> None:
+        self.inner_storage.record_segment(start, length)
 
-    def _has_persistent_segments(self) -> bool:
-        return self.inner_storage._has_persistent_segments()
+    def has_persistent_segments(self) -> bool:
+        return self.inner_storage.has_persistent_segments()
 
     def _child_storages(self) -> List[SpaceStorage]:
         return [self.inner_storage]
 
-    def _persist_committed(self) -> None:
-        self.inner_storage._persist_committed()   # this storage's own metadata does not change with segments
+    def persist_committed(self) -> None:
+        self.inner_storage.persist_committed()   # this storage's own metadata does not change with segments
 
-    def _commit_log_leaf(self) -> Optional[SpaceStorage]:
-        return self.inner_storage._commit_log_leaf()   # length and segments live in the inner storage
+    def commit_log_leaf(self) -> Optional[SpaceStorage]:
+        return self.inner_storage.commit_log_leaf()   # length and segments live in the inner storage
 
 
 class ValueMappingStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
@@ -177,28 +179,28 @@ class ValueMappingStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtype
 
     def set(self, index: Any, value: Any) -> None:
         """Maps `value` (checking it) and writes it at `index` in the inner storage; on any error nothing changes."""
-        self._check_writable()
+        self.check_writable()
         self.inner_storage.set(self._index_to_inner(index), self._to_inner(value))
 
     def append(self, value: Any) -> None:
         """Maps one element and appends it to the inner storage's open segment."""
-        self._check_writable()
+        self.check_writable()
         self.inner_storage.append(self._to_inner(value))
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer whose appended elements are mapped (and so checked) at once and written on `commit(start)`."""
-        self._check_writable()
+        self.check_writable()
         return MappedSegmentWriter(self, self.inner_storage.open_segment_writer(), self._to_inner)
 
     # ------------------------------------------------------------------ hooks used by owners (ReplayBuffer, DictStorage)
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         """Checks one element completely (here and in the inner storage) without writing; returns it in the inner
-        storage's prepared form (what `_stack_prepared` / `_set_prepared` take)."""
-        return self.inner_storage._prepare_single(self._to_inner(value))
+        storage's prepared form (what `stack_prepared` / `set_prepared` take)."""
+        return self.inner_storage.prepare_element(self._to_inner(value))
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
-        return self.inner_storage._stack_prepared(items)
+    def stack_prepared(self, items: List[Any]) -> Any:
+        return self.inner_storage.stack_prepared(items)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
-        self.inner_storage._set_prepared(self._index_to_inner(index), batch)
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        self.check_writable()
+        self.inner_storage.set_prepared(self._index_to_inner(index), batch)

@@ -222,7 +222,7 @@ _WRAPPER_KINDS = ("FlattenedStorage", "TransformedStorage", "ToBackendOrDeviceSt
 
 def _log_chain(node: StorageNode) -> List[StorageNode]:
     """The nodes from a DictStorage child down to the storage whose state the DictStorage's commit log holds (the
-    metadata-side view of `SpaceStorage._commit_log_leaf`: an array file whose sidecar keeps a segment list, under
+    metadata-side view of `SpaceStorage.commit_log_leaf`: an array file whose sidecar keeps a segment list, under
     any wrappers); empty when the child persists its state itself (video, images, HDF5)."""
     chain = [node]
     while node.kind in _WRAPPER_KINDS and node.children:

@@ -179,8 +179,13 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         return self._to_backend(_assemble(self.observation_space, leaves), single=True)
 
     # ---- reads ----
+    @property
+    def is_closed(self) -> bool:
+        """True after `close()` (a column view: after its own `close()`; reads also stop when its parent closes)."""
+        return self._closed
+
     def _check_open(self) -> None:
-        if self._closed or (self._parent is not None and self._parent._closed):
+        if self._closed or (self._parent is not None and self._parent.is_closed):
             from unienv_data.base.errors import StorageClosedError
             raise StorageClosedError(f"{WHO} of {self.data_dir} was closed; open it again with from_local")
 

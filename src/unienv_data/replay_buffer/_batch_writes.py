@@ -34,7 +34,7 @@ def _batch_length(value: Any, path: str = "") -> int:
 
 def _persists_segments(storage: SpaceStorage) -> bool:
     """Whether `storage` keeps its own persisted segment log (then it, not metadata.json, is authoritative)."""
-    return bool(storage._has_persistent_segments())
+    return bool(storage.has_persistent_segments())
 
 
 def _checked_write(storage: SpaceStorage, index: Any, value: Any, before_write: Any) -> None:

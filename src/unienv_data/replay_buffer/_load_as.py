@@ -81,7 +81,7 @@ def load_storage_as(storage_cls: Type[SpaceStorage], full: str, space: Space, sp
         except (TypeError, ValueError):
             inner.close()
             continue
-        served._owns_inner = True
+        served.owns_inner_storage = True
         return served, inner
     raise first
 
@@ -96,8 +96,9 @@ def stored_space_difference(stored_json: Dict[str, Any], given: Space, path: str
     return f"the given space does not match the one stored in {path}"
 
 
-def describe_buffer(buffer: Any) -> str:
-    """`ReplayBuffer(len=..., capacity=..., segments=..., storage=..., path=...)`."""
+def describe_buffer(buffer: Any, stored: Optional[SpaceStorage] = None) -> str:
+    """`ReplayBuffer(len=..., capacity=..., segments=..., storage=..., path=...)`; `stored`: the storage as it lies
+    on disk when the buffer serves it through a backend / device wrapper (else None)."""
     st = buffer.storage
     if st is None:
         return f"ReplayBuffer(closed, path={buffer.cache_path!r})"
@@ -106,7 +107,6 @@ def describe_buffer(buffer: Any) -> str:
         n_segs: Any = "n/a" if segs is None else len(segs)
     except Exception:  # noqa: BLE001 - a description never raises
         n_segs = "?"
-    stored = buffer._stored_storage
     kind = type(st).__name__ if stored is None else f"{type(stored).__name__} served as {st.backend.simplified_name}"
     parts = [f"len={len(buffer)}", f"capacity={buffer.capacity}", f"segments={n_segs}", f"storage={kind}",
              f"backend={st.backend.simplified_name}", f"path={buffer.cache_path!r}"]

@@ -183,7 +183,7 @@ def adopt_shared_segments(buffer: Any, st: SpaceStorage, meta: Dict[str, Any], r
     cap = st.capacity
     st.forget_segments(0, cap if cap is not None else max(len(st), 1))
     for s, n in runs:
-        st._record_segment(s, n)
+        st.record_segment(s, n)
     if not read_only and buffer.cache_path is not None:
         buffer.dumps()
 

@@ -103,7 +103,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if multiprocessing and storage.is_mutable and not storage.is_multiprocessing_safe:
             raise ValueError(f"multiprocessing=True needs a storage that processes can share (memory-mapped or "
                              f"created with multiprocessing=True); {type(storage).__name__} is not")
-        if multiprocessing and cap is None and storage.is_mutable and not storage._follows_shared_growth:
+        if multiprocessing and cap is None and storage.is_mutable and not storage.follows_shared_growth:
             raise ValueError(f"multiprocessing=True over a writable growable {type(storage).__name__} is not "
                              "supported: its rows are mapped per process, so a process could not see rows another "
                              "one added; give it a fixed capacity, open it with read_only=True, or use a storage "
@@ -127,7 +127,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             # a storage without segment metadata of its own (e.g. written by the reference): the buffer's list counts
             storage.forget_segments(0, cap if cap is not None else max(len(storage), 1))
             for s, n in physical_segments:
-                storage._record_segment(s, n)
+                storage.record_segment(s, n)
         if self.multiprocessing:
             # a ring holds at most `cap` segments; a growable one gets a bounded table with room to grow
             room = cap if cap is not None else max(GROWABLE_SHARED_SEGMENTS, 2 * len(segs or ()))
@@ -218,12 +218,19 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
                 capacity=capacity, multiprocessing=multiprocessing, **kwargs)
         rb = cls(storage, rel, 0, 0, cache_path, multiprocessing, maintain_segment_metadata=maintain_segment_metadata)
-        rb._owns_storage = True
-        if cache_path is not None:
-            rb._write_metadata(cache_path)
+        cls._take_storage(rb, storage, cache_path)
         return rb
 
-    _read_metadata = staticmethod(read_metadata)
+    def _take_storage(self, stored: SpaceStorage, cache_path: Optional[PathLike] = None) -> None:
+        """How `create` / `load_from` finish the buffer they built (called through the class, on the new buffer):
+        it owns its storage (`close()` closes it) and `stored`, the storage as it lies on disk (another object than
+        `storage` when `load_from` serves it on another backend / device); with `cache_path` its metadata is written
+        there at once."""
+        self._owns_storage = True
+        if stored is not self.storage:
+            self._stored_storage = stored
+        if cache_path is not None:
+            self._write_metadata(cache_path)
 
     @classmethod
     def load_from(cls, path: PathLike, *, backend: Any, device: Any = None, read_only: bool = True,
@@ -243,7 +250,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             raise TypeError(f"ReplayBuffer.load_from does not take capacity= (got {storage_kwargs['capacity']!r}): the "
                             f"capacity is fixed when the buffer is created and read from {METADATA_FILE}; to change "
                             f"it, create a new buffer with the capacity you want and extend it with this one's rows")
-        meta = cls._read_metadata(path)
+        meta = read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         try:
             space = json_to_space(meta["single_instance_space"], backend, device)
@@ -293,9 +300,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                                f"segment metadata unless read_only=True ({meta_path} has maintain_segment_metadata)")
         rb = cls(storage, rel, meta["count"], meta["offset"], path, multiprocessing,
                  maintain_segment_metadata=maintain, physical_segments=runs)
-        rb._owns_storage = True
-        if stored is not storage:
-            rb._stored_storage = stored
+        cls._take_storage(rb, stored)
         if not read_only:
             cls._remember_opened_directory(rb, meta, runs)
         adopt_shared_segments(rb, storage, meta, runs, read_only)
@@ -306,23 +311,23 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def is_loadable_from(path: PathLike) -> bool:
         """True when `path` holds valid ReplayBuffer metadata."""
         try:
-            ReplayBuffer._read_metadata(path)
+            read_metadata(path)
             return True
         except (OSError, ValueError):
             return False
 
     @staticmethod
     def get_length_from_path(path: PathLike) -> int:
-        return int(ReplayBuffer._read_metadata(path)["count"])
+        return int(read_metadata(path)["count"])
 
     @staticmethod
     def get_capacity_from_path(path: PathLike) -> Optional[int]:
-        return ReplayBuffer._read_metadata(path)["capacity"]  # type: ignore[no-any-return]
+        return read_metadata(path)["capacity"]  # type: ignore[no-any-return]
 
     @staticmethod
     def get_space_from_path(path: PathLike, *, backend: Any, device: Any = None) -> Space:
         backend = resolve_backend(backend)
-        return json_to_space(ReplayBuffer._read_metadata(path)["single_instance_space"], backend, device)
+        return json_to_space(read_metadata(path)["single_instance_space"], backend, device)
 
     # ------------------------------------------------------------------ properties
     def _st(self) -> SpaceStorage:
@@ -363,7 +368,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def segments_version(self) -> int:
         """Changes whenever the segments, the length or the ring position change (for caches of `get_segments`)."""
         st = self.storage
-        log = None if st is None or self._own_segments else st._segment_log()
+        log = None if st is None or self._own_segments else st.segment_log()
         # the four counters side by side in 64-bit fields (never summed: a weighted sum let two different states,
         # e.g. before and after clear(), give the same number and a sampler reuse a stale segment table)
         version = self._state.version
@@ -468,9 +473,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     # ------------------------------------------------------------------ segments
     def _log(self) -> SegmentLog:
-        log = SegmentLog(self._st().capacity)
-        log._runs = list(self._state.get_segments() or [])
-        return log
+        return SegmentLog(self._st().capacity, self._state.get_segments() or [])
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         """The segments as unienv 0.0.1b16 reports them: logical half-open `(start, end)` ranges, oldest data
@@ -498,7 +501,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """A shared growable buffer (under the lock): rows other processes added become readable here."""
         st = self.storage
         if self.multiprocessing and st is not None and st.capacity is None and len(st) < self._state.count:
-            st._follow_length(self._state.count, True)
+            st.follow_length(self._state.count, True)
 
     def _advance(self, n: int) -> Tuple[int, int]:
         """Reserves `n` rows at the tail (under the lock): returns their physical start, updates count/offset."""
@@ -508,7 +511,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if cap is None and count + n > len(st):
             if self.multiprocessing:        # every process grows the shared storage (no single owner)
                 self._follow_growth()
-                st._follow_length(count + n, False)
+                st.follow_length(count + n, False)
             else:
                 st.extend_length(count + n - len(st))
         placed = tail_write(count, offset, n, cap)
@@ -870,7 +873,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             cap = st.capacity
             st.forget_segments(0, cap if cap is not None else max(len(st), 1))
             for s, n in runs:
-                st._record_segment(s, n)
+                st.record_segment(s, n)
         own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
         st = st if self._stored_storage is None else self._stored_storage
         with self._state.locked():      # rows and counters from one instant, even while other processes commit
@@ -1002,4 +1005,4 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             self.close()
 
     def __repr__(self) -> str:
-        return describe_buffer(self)
+        return describe_buffer(self, self._stored_storage)

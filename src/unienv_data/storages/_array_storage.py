@@ -57,7 +57,8 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     _backend_name = ""
 
     def __init__(self, single_instance_space: Space, block: ArrayBlock, capacity: Optional[int], length: int,
-                 segments: Optional[SegmentLog] = None, read_only: bool = False) -> None:
+                 segments: Optional[SegmentLog] = None, read_only: bool = False, *,
+                 persistent_segments: bool = True) -> None:
         super().__init__(single_instance_space)
         self._block = block
         self._capacity = capacity
@@ -69,7 +70,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._meta_dirty = True
         self._saved_log_version = -1
         #: False only for a raw file written without metadata (the reference's format): no segment list of its own
-        self._persistent_segments = True
+        self._persistent_segments = persistent_segments
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -126,7 +127,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             block = ArrayBlock(RAM, dtype, shape, alloc)
         st = cls(single_instance_space, block, cap, 0)
         if is_memmap:
-            st._save_own_sidecar()   # written and recorded as current: the first flush / dumps has nothing to rewrite
+            st.flush()   # the sidecar written and recorded as current: the first commit / dumps has nothing to rewrite
         return st
 
     @classmethod
@@ -204,11 +205,12 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 src.release()
             else:
                 block = ArrayBlock.read_file(path, dtype, shape, n_rows)
-            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
+                     persistent_segments=segments is not None)
         else:
             block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
-            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only)
-        st._persistent_segments = segments is not None
+            st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
+                     persistent_segments=segments is not None)
         return st
 
     # ------------------------------------------------------------------ properties
@@ -234,7 +236,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Bytes of the rows in use."""
         return self._block.nbytes(self._length)
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     # ------------------------------------------------------------------ backend conversion (subclasses)
@@ -308,14 +310,14 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     # ------------------------------------------------------------------ writes
     def set(self, index: Any, value: Any) -> None:
         """Checks `value` (shape, dtype, bounds) and writes it at `index`; on error nothing is written."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._write(norm, self._conv.convert(value, lead))
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`(n, flat_dim)` or `(flat_dim,)`), checked like `set`."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         arr, _weak = self._conv.to_numpy(value)
@@ -342,7 +344,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     def _write_via(self, index: Any, writer: Any, payload: Any) -> None:
         """Writes checked data with `writer(rows_view, payload)`: straight into the storage for an int or a slice,
         through one staging array and one scatter for index arrays (composite storages)."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         data = self._block.data
         if norm.single is not None:
@@ -356,23 +358,23 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def _write_rows_trusted(self, index: Any, rows: np.ndarray) -> None:
         """Writes already-checked rows in the storage dtype (used by composite storages)."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         self._write(norm, rows)
 
     # ------------------------------------------------------------------ segments and writers
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return np.array(self._conv.convert(value, ()), copy=True)
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         return np.stack(items) if items else np.zeros((0,) + self._block.row_shape, self._block.dtype)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
+    def set_prepared(self, index: Any, batch: Any) -> None:
         self._write_rows_trusted(index, batch)
 
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow)."""
-        self._check_writable()
+        self.check_writable()
         arr = self._conv.convert_single(value)
         pos = self._next_write_position()
         self._block.data[pos] = arr
@@ -382,7 +384,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """The position the next append writes (raises what `append` would for the storage's state); the caller
         writes the row, then counts it with `_seg_len += 1; _seg_clear_rows -= 1` (composite storages)."""
         if self._closed or self._read_only:
-            self._check_writable()
+            self.check_writable()
         n = self._seg_len
         if self._seg_clear_rows > 0 and n != self._capacity:
             # the common case: inside the open segment, with rows known to be free ahead and the ring not yet full
@@ -398,7 +400,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def _append_row_trusted(self, row: np.ndarray) -> None:
         """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""
-        self._check_writable()
+        self.check_writable()
         pos = self._next_write_position()
         self._block.data[pos] = row
         self._advance_segment()
@@ -410,7 +412,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
-        self._check_writable()
+        self.check_writable()
         norm = self._stage_index(index)
         arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
         return partial(self._write, norm, arr)
@@ -466,7 +468,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 return
             self._save_own_sidecar()
 
-    def _commit_log_leaf(self) -> Optional["SpaceStorage"]:
+    def commit_log_leaf(self) -> Optional["SpaceStorage"]:
         return self if self._block.mode == MEMMAP and self._persistent_segments else None
 
     def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
@@ -497,7 +499,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._meta_dirty = False
         self._saved_log_version = self._segments.version
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         return self._persistent_segments
 
     def _write_sidecar(self, data_path: str) -> None:
@@ -570,8 +572,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         else:
             block = ArrayBlock.open_file(state["path"], dtype, shape, n_rows, writable=not state["read_only"],
                                          mode=state["mode"])
-        log = SegmentLog(state["capacity"])
-        log._runs = [tuple(r) for r in state["segments"]]  # type: ignore[misc]
+        log = SegmentLog(state["capacity"], state["segments"])
         ArrayStorageBase.__init__(self, space, block, state["capacity"], state["length"], log, state["read_only"])
 
 

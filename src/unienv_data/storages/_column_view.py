@@ -25,7 +25,7 @@ class ColumnView(ParentView):
         self._tree = LeafTree(space, f"{type(parent).__name__} column {'/'.join(keys)!r}", parent.DEFAULT_KEY)
 
     def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
+        self.check_writable()
         norm = self._parent._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._parent._write_leaves(norm, self._tree.split(value, lead), self._which)

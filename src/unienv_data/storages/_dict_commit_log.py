@@ -3,7 +3,7 @@
 Without it every child rewrites its own metadata file at every commit point (one atomic file replace each), and a
 process killed between two of them leaves children that disagree. With it, the children that keep nothing but
 their length and segment list in their metadata (memory-mapped array storages, and `FlattenedStorage` over one:
-see `SpaceStorage._commit_log_leaf`) leave that state to the log, and a commit point is one appended line, written
+see `SpaceStorage.commit_log_leaf`) leave that state to the log, and a commit point is one appended line, written
 after every child's rows: the record is the commit. Children that persist more than that (a `VideoStorage`'s file
 index, HDF5) still persist themselves, before the record.
 

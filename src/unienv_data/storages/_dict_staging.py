@@ -108,8 +108,8 @@ class Stager:
     def stage_append(self, value: Any) -> List[Commit]:
         """Checks one sample for `append` in every child (state included); returns the appends."""
         owner = self.owner
-        if owner._closed or not owner._all_mutable:
-            owner._check_writable()
+        if owner.is_closed or not owner._all_mutable:
+            owner.check_writable()
         try:
             self.check(value)
             return [child._stage_append(extract(value)) for child, extract in self.parts]
@@ -121,7 +121,7 @@ class Stager:
         """Checks one sample for every child's writer hook (no segment state involved); returns a snapshot."""
         self.check(value)
         for child, extract in self.parts:
-            child._precheck(extract(value))
+            child.check_value(extract(value))
         return copy_tree(value)
 
 
@@ -185,7 +185,7 @@ class DictSegmentWriter(SegmentWriter):
                 for w in self.writers:
                     w.publish_commit(release=False)
                     published.append(w)
-            owner._segment_committed()
+            owner.on_segment_committed()
         except BaseException:
             for w in reversed(self.writers):
                 w.rollback_commit(published=w in published)

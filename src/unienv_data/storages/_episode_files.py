@@ -276,7 +276,7 @@ def check_rows_fields(meta: Dict[str, Any], where: str) -> Tuple[Optional[int], 
 class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The part `VideoStorage` and `ImageStorage` share: the rows of an image space (`frame_dtypes`) kept in files of one
     directory, with a fixed capacity (a ring) or growable, written by one process and read by any number (read-only
-    opens and pickled copies). Subclasses keep the files and the metadata (`_write_metadata`) and read rows
+    opens and pickled copies). Subclasses keep the files and the metadata (`write_metadata`) and read rows
     (`get_numpy`)."""
 
     single_file_ext: Optional[str] = None
@@ -344,14 +344,6 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
             article = "an" if cls.__name__[:1] in "AEIOU" else "a"
             raise StorageFormatError(f"{where} describes a {meta['storage_type']!r}, not {article} {cls.__name__}")
 
-    def _check_loaded_capacity(self, capacity: Any) -> None:
-        """A `capacity` passed to `load_from()` must be the one the storage was written with."""
-        cap_arg = check_capacity(capacity)
-        if cap_arg is not None and cap_arg != self._capacity:
-            hint = ("omit capacity (the storage is growable)" if self._capacity is None
-                    else f"pass capacity={self._capacity} or omit it")
-            raise ValueError(f"{self._dir} was written with capacity {self._capacity}, not {cap_arg}: {hint}")
-
     # ------------------------------------------------------------------ properties
     @property
     def cache_filename(self) -> Optional[str]:
@@ -363,12 +355,12 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
         would race on the metadata)."""
         return self._read_only
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     # ------------------------------------------------------------------ metadata
     @abstractmethod
-    def _write_metadata(self) -> None:
+    def write_metadata(self) -> None:
         """Writes the metadata file of the storage directory (atomically)."""
 
     @property
@@ -380,7 +372,7 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
         """Writes pending metadata (changes a commit did not write already)."""
         self._check_open()
         if not self._read_only and self._dirty:
-            self._write_metadata()
+            self.write_metadata()
 
     # ------------------------------------------------------------------ reads
     @abstractmethod
@@ -426,12 +418,21 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
         target = os.fspath(path)
         if os.path.isdir(target) and same_file(target, self._dir):
             if not self._read_only:
-                self._write_metadata()
+                self.write_metadata()
             return None
         os.makedirs(target, exist_ok=True)
         return target
 
-__all__ = ["TEMP_PREFIX", "import_optional", "check_capacity", "check_count", "image_shape", "full_range",
+def check_loaded_capacity(storage: "FileRowStorage", capacity: Any) -> None:
+    """A `capacity` passed to `load_from()` must be the one `storage` (just opened) was written with."""
+    cap_arg = check_capacity(capacity)
+    cap = storage.capacity
+    if cap_arg is not None and cap_arg != cap:
+        hint = "omit capacity (the storage is growable)" if cap is None else f"pass capacity={cap} or omit it"
+        raise ValueError(f"{storage.cache_filename} was written with capacity {cap}, not {cap_arg}: {hint}")
+
+
+__all__ = ["TEMP_PREFIX", "check_loaded_capacity", "import_optional", "check_capacity", "check_count", "image_shape", "full_range",
            "reject_extra_args", "prepare_new_directory", "temp_file_path", "is_temp_name", "remove_quietly", "place_copy",
            "same_file", "io_map", "last_occurrences", "copy_repeats", "consecutive_runs", "mask_to_runs", "runs_to_mask",
            "ring_positions", "describe_rows", "check_stored_shape", "check_rows_fields", "FileRowStorage"]

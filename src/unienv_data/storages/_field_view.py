@@ -100,7 +100,7 @@ class FieldView(ParentView):
         return self._pick(self._parent.get(index))
 
     def set(self, index: Any, value: Any) -> None:
-        self._check_writable()
+        self.check_writable()
         rows = self._parent.get(index)
         node: Dict[str, Any] = rows
         for p in self._path[:-1]:

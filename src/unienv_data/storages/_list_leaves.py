@@ -262,7 +262,7 @@ class LeafTreeWrites:
     """The write entry points shared by storages that keep one column per leaf of a `LeafTree` (HDF5, Parquet).
 
     The class using it provides `_tree` (a `LeafTree`), `_norm(index)` (a normalised index), `_write_leaves(norm,
-    leaves)` (checked columns, written all or nothing) and `_check_writable()`.
+    leaves)` (checked columns, written all or nothing) and `check_writable()`.
     """
 
     _tree: LeafTree
@@ -272,7 +272,7 @@ class LeafTreeWrites:
 
         def _write_leaves(self, norm: Any, leaves: Any) -> None: ...
 
-        def _check_writable(self) -> None: ...
+        def check_writable(self) -> None: ...
 
         def _check_append_state(self) -> None: ...
 
@@ -282,7 +282,7 @@ class LeafTreeWrites:
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._write_leaves(norm, self._tree.split(value, lead))
@@ -296,10 +296,10 @@ class LeafTreeWrites:
         self._write_leaves(self._norm(pos), leaves)
         self._advance_segment()
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return self._tree.split_copy(value)
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         out = []
         for k, leaf in enumerate(self._tree.leaves):
             if leaf.conv is None:  # text leaves: object columns
@@ -310,6 +310,6 @@ class LeafTreeWrites:
                 out.append(np.stack([it[k] for it in items]) if items else leaf.zeros(0))
         return out
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        self.check_writable()
         self._write_leaves(self._norm(index), batch)

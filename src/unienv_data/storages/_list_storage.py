@@ -165,7 +165,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def is_multiprocessing_safe(self) -> bool:
         return True
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     @property
@@ -264,24 +264,24 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def set(self, index: Any, value: Any) -> None:
         """Checks `value` (shape, dtype, bounds) and writes one file per row; on a check error nothing is written."""
-        self._check_writable()
+        self.check_writable()
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._write_rows(norm, self._conv.convert(value, lead))
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         return np.stack(items) if items else np.zeros((0,) + self._shape, dtype=self._np_dtype)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        self.check_writable()
         self._write_rows(self._norm(index), batch)
 
     def append(self, value: Any) -> None:
         """Writes one row at the open segment's next position (growable storages grow)."""
-        self._check_writable()
+        self.check_writable()
         arr = self._conv.convert_single(value)
         pos = self._next_write_position()
         self._write_rows(NormalizedIndex(single=pos), arr)
@@ -321,14 +321,14 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._meta_dirty = True
 
     @property
-    def _follows_shared_growth(self) -> bool:
+    def follows_shared_growth(self) -> bool:
         return True     # rows are files and the length lives in memory: another process's growth is followed
 
-    def _follow_length(self, length: int, written: bool) -> None:
+    def follow_length(self, length: int, written: bool) -> None:
         """Makes a growable storage shared by a multiprocessing buffer `length` rows long in this process (the
         buffer's shared counters are the authority, so a pickled copy may do it too). Rows another process added
         (`written`) count as written: their files exist, and a lost one is reported, not read as zeros."""
-        self._check_writable()
+        self.check_writable()
         if self._capacity is not None or length <= self._length:
             return
         self._grow_to(length, bool(written))
@@ -346,7 +346,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments and deletes every row file (growable: length 0)."""
-        self._check_writable()
+        self.check_writable()
         self._check_owner("clear")
         super().clear()
         if self._capacity is not None:
@@ -436,8 +436,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Sets subclass options from `_options()` output (pickling)."""
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        log = SegmentLog(state["capacity"])
-        log._runs = [(int(s), int(n)) for s, n in state["segments"]]
+        log = SegmentLog(state["capacity"], state["segments"])
         ListStorageBase.__init__(self, state["space"], state["dir"], state["capacity"], state["length"],
                                  state["written"], log, read_only=state["read_only"],
                                  zero_unwritten=state["zero_unwritten"], owner=False)

@@ -88,7 +88,7 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
     def compression(self) -> Any:
         return self._compression
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     @property
@@ -202,7 +202,7 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
         return out
 
     def _write_leaves(self, norm: NormalizedIndex, values: Sequence[Any], which: Optional[Sequence[int]] = None) -> None:
-        self._check_writable()
+        self.check_writable()
         pieces = self._pieces_of(norm)
         self._ensure_loaded(pieces, range(len(self._tree.leaves)))  # a flush rewrites whole pieces
         ks = range(len(self._tree.leaves)) if which is None else which

@@ -29,7 +29,7 @@ class VideoSegmentWriter(SegmentWriter):
 
     def _append(self, value: Any) -> None:
         vs = self._vs
-        vs._check_writable()
+        vs.check_writable()
         arr = vs._conv.convert_single(value)
         if self._encoder is None:
             if self._lost:

@@ -102,7 +102,7 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
         self.inner_storage = inner_storage
         self.inner_storage_path = inner_storage_path
         self._cache_filename = cache_filename
-        self._owns_inner = False
+        self.owns_inner_storage = False
         self.inner_backend = inner_space.backend
         self.inner_device = inner_space.device
         outer = single_instance_space.backend
@@ -139,9 +139,9 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
         except BaseException:
             inner.close()
             raise
-        st._owns_inner = True
+        st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod
@@ -197,7 +197,7 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
         except BaseException:
             inner.close()
             raise
-        st._owns_inner = True
+        st.owns_inner_storage = True
         return st
 
     # ------------------------------------------------------------------ conversion
@@ -277,11 +277,11 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()
         return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,
-                "cache": self._cache_filename, "owns": self._owns_inner}
+                "cache": self._cache_filename, "owns": self.owns_inner_storage}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         ToBackendOrDeviceStorage.__init__(self, state["space"], state["inner"], state["inner_path"], state["cache"])
-        self._owns_inner = state["owns"]
+        self.owns_inner_storage = state["owns"]
 
 
 

@@ -18,7 +18,7 @@ is written, so a refused write leaves every child untouched.
 Children are written only through the staging protocol of `SpaceStorage` (`_stage_set`, `_stage_append`,
 `_stage_writer`: check now, write when called), never through the internals of particular storage types; see
 `_dict_staging`. A child type without its own staging gets the `SpaceStorage` defaults, which check what they can
-(`_prepare_single`, or the Box / Binary conversion rules) and are staged and written before the other children, so
+(`prepare_element`, or the Box / Binary conversion rules) and are staged and written before the other children, so
 a value such a child still refuses when written leaves the others untouched too. Routing (which child holds which
 leaves, how a sample is split and reassembled) lives in `_dict_routing`.
 
@@ -133,7 +133,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self._owns_children = False
         for r, child in zip(routes, children):
             if not isinstance(r.space, (DictSpace, TupleSpace)):     # one leaf: errors name its key path
-                child._name_values(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
+                child.set_value_label(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
         self._log: Optional[CommitLog] = None        # the commit log (see `_dict_commit_log`), when writing one
         self._logged_runs: Optional[List[List[int]]] = None
         self._compile()
@@ -196,7 +196,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             raise
         st._owns_children = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
             if not multiprocessing:
                 st._start_log()
         return st
@@ -263,7 +263,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             logged = read_log(os.path.join(path, LOG_FILE), stored_cap if "capacity" in meta else None)
             if logged is not None:          # newer than the log children's own files after a crash: it wins
                 for key, c in children.items():
-                    leaf = c._commit_log_leaf()
+                    leaf = c.commit_log_leaf()
                     if leaf is not None:
                         leaf._adopt_committed(logged[0], logged[1], f"{os.path.join(path, LOG_FILE)} (child {key!r})")
             committed = _committed_children_length(children)
@@ -400,7 +400,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def _stage_set(self, index: Any, value: Any) -> Commit:
         """Checks the whole sample or batch for `set(index, ...)` (keys, then every child's part) without writing;
         returns the writes."""
-        self._check_writable()
+        self.check_writable()
         return self._stager.stage_set(self._stage_index(index), value)
 
     def set(self, index: Any, value: Any) -> None:
@@ -411,7 +411,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`flatten_data` layout of the whole space); a row whose columns do not read back to the
         same values (fractions into int leaves, non-0/1 into bool leaves, ...) is refused."""
-        self._check_writable()
+        self.check_writable()
         norm = normalize_index(index, len(self), type(self).__name__)
         b = self.backend
         flat = value if b.is_backendarray(value) else b.from_numpy(np.asarray(value), device=self.device)
@@ -434,9 +434,9 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                              "unchanged); convert the data explicitly")
         self._stager.stage_set(norm, data)()
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         """Checks one sample for every child (nothing is written, no segment state involved) and returns a copy of
-        it (so a buffering writer keeps a snapshot); `_stack_prepared` / `_set_prepared` are the defaults (stack,
+        it (so a buffering writer keeps a snapshot); `stack_prepared` / `set_prepared` are the defaults (stack,
         then `set`)."""
         return self._stager.prepare_single(value)
 
@@ -464,17 +464,17 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     def mark_segment_start(self, start_index: int) -> None:
         """Opens an append-built segment at `start_index` in every child."""
-        self._check_writable()
+        self.check_writable()
         if self.has_open_segment:
             raise StorageStateError("a segment is already open; call mark_segment_end() or abort_segment() first")
-        start = self._normalize_segment_start(start_index)
+        start = self.normalize_segment_start(start_index)
         for c in self._storages:
             c.mark_segment_start(start)
 
     def _each_child(self, method: str, *args: Any, write: bool = False) -> None:
         """Checks this storage (open, or writable with `write`), then calls `method(*args)` on every child."""
         if write:
-            self._check_writable()
+            self.check_writable()
         else:
             self._check_open()
         for c in self._storages:
@@ -488,12 +488,12 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         with self._children_commit():
             for c in self._storages:
                 c.mark_segment_end()
-        self._segment_committed()
+        self.on_segment_committed()
 
     @contextlib.contextmanager
     def _children_commit(self) -> Iterator[None]:
         """Holds the children's own per-commit persistence back for the block: the owner persists them together
-        afterwards (`_segment_committed`), so one commit point covers every child."""
+        afterwards (`on_segment_committed`), so one commit point covers every child."""
         kept = [c.durable for c in self._storages]
         if not any(kept):       # nothing to hold back (a non-durable storage, a shared buffer's)
             yield
@@ -536,39 +536,39 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def forget_segments(self, start: int, length: int) -> None:
         self._each_child("forget_segments", start, length)
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         # every child persists its own list: their reconciled lists (not an owner's copy) are authoritative
-        return bool(self._storages) and all(c._has_persistent_segments() for c in self._storages)
+        return bool(self._storages) and all(c.has_persistent_segments() for c in self._storages)
 
-    def _record_segment(self, start: int, length: int) -> None:
+    def record_segment(self, start: int, length: int) -> None:
         for c in self._storages:
-            c._record_segment(start, length)
+            c.record_segment(start, length)
 
     def _child_storages(self) -> List[SpaceStorage]:
         return list(self._storages)
 
-    def _persist_committed(self) -> None:
+    def persist_committed(self) -> None:
         for c in self._storages:          # the children hold the rows and the segments; this metadata is static
-            c._persist_committed()
+            c.persist_committed()
         self._compact_log()
 
-    def _segment_committed(self) -> None:
+    def on_segment_committed(self) -> None:
         """The commit point of a segment recorded in every child: children that persist themselves do so, then
         (with a commit log) one record covers the others; it is written after every child's rows, so it is the
         commit. Without a log every child persists itself."""
         if not self._durable:
             return
         if self._log is None:
-            self._persist_committed()
+            self.persist_committed()
             return
         for c in self._storages:
-            if c._commit_log_leaf() is None:
-                c._persist_committed()
+            if c.commit_log_leaf() is None:
+                c.persist_committed()
         self._log_commit()
 
     # ------------------------------------------------------------------ commit log (see _dict_commit_log)
     def _log_leaves(self) -> List[SpaceStorage]:
-        return [leaf for leaf in (c._commit_log_leaf() for c in self._storages) if leaf is not None]
+        return [leaf for leaf in (c.commit_log_leaf() for c in self._storages) if leaf is not None]
 
     def _start_log(self) -> None:
         """Starts the commit log of a writable storage in its own directory (when a child can use it): the base
@@ -583,14 +583,14 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     def _leaf_state(self) -> Tuple[int, List[List[int]]]:
         leaf = self._log_leaves()[0]
-        seg_log = leaf._segment_log()
+        seg_log = leaf.segment_log()
         return len(leaf), (seg_log.to_json() if seg_log is not None else [])
 
     def _log_drop(self, child: SpaceStorage) -> None:
         """A child dropped segments (their rows are about to be overwritten): the first child to do so records the
         shorter list, before any child overwrites a row."""
         log = self._log
-        seg_log = child._segment_log()
+        seg_log = child.segment_log()
         if log is None or seg_log is None:
             return
         runs = seg_log.to_json()
@@ -628,7 +628,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer holding one writer per child; `commit(start)` commits every child at `start`."""
-        self._check_writable()
+        self.check_writable()
         return DictSegmentWriter(self, self._stager)
 
     def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Commit]]:
@@ -662,7 +662,9 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             pass
         return meta
 
-    def _write_metadata(self, path: Union[str, PathLike]) -> None:
+    def write_metadata(self, path: Union[str, PathLike]) -> None:
+        """Writes this storage's own metadata file into the directory `path`, atomically (the children write their
+        own)."""
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._metadata())
 
     def flush(self) -> None:
@@ -673,7 +675,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             if flush is not None:
                 flush()
         if self._cache_filename is not None and self.is_mutable:
-            self._write_metadata(self._cache_filename)
+            self.write_metadata(self._cache_filename)
             self._compact_log()
 
     def dumps(self, path: PathLike) -> None:
@@ -685,7 +687,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         if own:         # its own directory: every child flushes in place
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-            self._write_metadata(path)
+            self.write_metadata(path)
             self._compact_log()
             return
         with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
@@ -695,7 +697,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 pass
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
-            self._write_metadata(path)
+            self.write_metadata(path)
 
     def close(self) -> None:
         """Closes the children this object created or loaded; idempotent."""

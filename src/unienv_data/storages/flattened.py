@@ -122,7 +122,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         self.inner_storage = inner_storage
         self.inner_storage_path = inner_storage_path
         self._cache_filename = cache_filename
-        self._owns_inner = False
+        self.owns_inner_storage = False
         self._fast = isinstance(inner_storage, ArrayStorageBase)
         #: the compiled unflattening of a batch of rows, when the inner storage is an array storage (read by `get`)
         self._fast_unpack = plan.codec.unpack_batch if self._fast else None
@@ -157,9 +157,9 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
             multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
         st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
-        st._owns_inner = True
+        st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod
@@ -214,7 +214,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                                     multiprocessing=multiprocessing, **kwargs)
         if version >= 1:
             problem = None
-            if isinstance(inner, ArrayStorageBase) and not inner._has_persistent_segments():
+            if isinstance(inner, ArrayStorageBase) and not inner.has_persistent_segments():
                 problem = (f"the metadata of its rows ({os.path.basename(sidecar_path(inner_full))}: length and "
                            "segments) is missing")
             elif "capacity" in meta and inner.capacity != meta["capacity"]:
@@ -225,7 +225,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                 raise StorageFormatError(f"{path}: {problem}; the directory is damaged (restore it from a copy)")
         st = cls(single_instance_space, inner, meta["inner_storage_path"],
                  cache_filename=path if inner.cache_filename is not None else None)
-        st._owns_inner = True
+        st.owns_inner_storage = True
         return st
 
     # ------------------------------------------------------------------ delegated properties
@@ -253,7 +253,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             if type(index) is slice and self._fast_unpack_view is not None:
                 # every leaf is copied or cast into a new array: unpack a view of the rows of a contiguous slice,
                 # with no row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
-                if inner._closed:
+                if inner.is_closed:
                     inner._check_open()
                 start, stop, step = index.indices(inner._length)
                 if step == 1:
@@ -276,7 +276,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     def set(self, index: Any, value: Any) -> None:
         """Checks `value` against the space and writes it at `index`; on any error nothing is written."""
-        self._check_writable()
+        self.check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
         lead = () if norm.single is not None else (norm.count(),)
         if self._fast and lead:
@@ -288,7 +288,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows after checking that every leaf reads back to a valid value."""
-        self._check_writable()
+        self.check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
         lead = () if norm.single is not None else (norm.count(),)
         rows = self.inner_storage._conv.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
@@ -298,7 +298,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             rows = self.inner_storage._conv.convert(rows, lead) if self._fast else rows.astype(self._plan.row_dtype)  # type: ignore[attr-defined]
         self._write_rows(norm.numpy_key(), self._plan.check_rows(rows))
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return self._plan.pack(value)
 
     def append(self, value: Any) -> None:
@@ -308,7 +308,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         if self._fast:
             self.inner_storage._append_row_trusted(self._plan.pack(value))  # type: ignore[attr-defined]
         else:
-            self._check_writable()
+            self.check_writable()
             row = self._plan.pack(value)
             self.inner_storage.append(self.backend.from_numpy(row, dtype=self._plan.flat_space.dtype, device=self.device))
 
@@ -319,7 +319,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer whose appended samples are checked and flattened at once and written on `commit(start)`."""
-        self._check_writable()
+        self.check_writable()
         inner_writer = self.inner_storage.open_segment_writer()
         if self._fast:
             return MappedSegmentWriter(self, inner_writer, self._plan.pack, prepared=True)
@@ -338,7 +338,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
     def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and packs `value` for `set(index, ...)` now (a checked batch over an array storage is written
         leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
-        self._check_writable()
+        self.check_writable()
         norm = self._stage_index(index)
         key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
         if not self._fast:
@@ -388,8 +388,8 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"space": self.single_instance_space, "inner": self.inner_storage, "inner_path": self.inner_storage_path,
-                "cache": self._cache_filename, "owns": self._owns_inner}
+                "cache": self._cache_filename, "owns": self.owns_inner_storage}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         FlattenedStorage.__init__(self, state["space"], state["inner"], state["inner_path"], state["cache"])
-        self._owns_inner = state["owns"]
+        self.owns_inner_storage = state["owns"]

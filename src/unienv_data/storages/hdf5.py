@@ -68,7 +68,7 @@ _WRITERS: "weakref.WeakSet[HDF5Storage]" = weakref.WeakSet()
 def _flush_writers_before_fork() -> None:
     for st in list(_WRITERS):
         try:
-            if not st._closed and st._file is not None and st._pid == os.getpid():
+            if not st.is_closed and st._file is not None and st._pid == os.getpid():
                 st.flush()
         except Exception:  # noqa: BLE001 - a failing flush must not break fork()
             pass
@@ -160,7 +160,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             st = cls(single_instance_space, path, cap, rows, read_only=False, reduce_io=reduce_io, use_mmap=use_mmap,
                      h5py_kwargs=h5py_kwargs)
             st._file_id = new_file_id()
-            f.attrs[META_ATTR] = json.dumps(st._metadata())  # written once, with the file (see _hdf5_state)
+            f.attrs[META_ATTR] = json.dumps(cls._metadata(st))  # written once, with the file (see _hdf5_state)
             st._attach(f)
             st._meta_dirty = True
             st.flush()
@@ -196,7 +196,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
                 # of its attribute), so that commit points can keep its state in the sidecar from now on
                 st._file_id = new_file_id()
                 meta = _read_meta(f, path) or {}
-                meta.update(st._metadata())
+                meta.update(cls._metadata(st))
                 f.attrs[META_ATTR] = json.dumps(meta)
                 f.flush()
             st._attach(f)
@@ -271,7 +271,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         """The leaves read and written through a memory map (contiguous datasets of a file on disk)."""
         return [c.leaf.name for c in self._columns() if c.arr is not None]
 
-    def _segment_log(self) -> Optional[SegmentLog]:
+    def segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
     @property
@@ -300,7 +300,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     # ------------------------------------------------------------------ writes
     def _write_leaves(self, norm: NormalizedIndex, values: Sequence[Any], which: Optional[Sequence[int]] = None) -> None:
         cols = self._columns()
-        self._check_writable()
+        self.check_writable()
         targets = cols if which is None else [cols[i] for i in which]
         for col, v in zip(targets, values):
             write_col(col, norm, v, self._reduce_io, self._path or "in-memory file")
@@ -376,7 +376,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""
-        self._check_writable()
+        self.check_writable()
         self._check_owner("clear")
         self.abort_segment()
         if len(self._segments):
@@ -427,7 +427,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
                 and self._file is not None and self._pid == os.getpid():
             self.flush()
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         return self._file_id is not None
 
     def _write_file(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:
@@ -517,8 +517,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        log = SegmentLog(state["capacity"])
-        log._runs = [(int(s), int(n)) for s, n in state["segments"]]
+        log = SegmentLog(state["capacity"], state["segments"])
         HDF5Storage.__init__(self, state["space"], state["path"], state["capacity"], state["length"], log,
                              read_only=state["read_only"], reduce_io=state["reduce_io"], use_mmap=state["use_mmap"],
                              h5py_kwargs=state["h5py_kwargs"], image=state.get("image"), owner=state["owner"])

@@ -34,9 +34,9 @@ from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
 from unienv_interface.space import Space
 
-from ._episode_files import (FileRowStorage, check_rows_fields, check_stored_shape, copy_repeats, image_shape,
-                             import_optional, io_map, mask_to_runs, place_copy, prepare_new_directory, remove_quietly,
-                             runs_to_mask, temp_file_path)
+from ._episode_files import (FileRowStorage, check_loaded_capacity, check_rows_fields, check_stored_shape, copy_repeats,
+                             image_shape, import_optional, io_map, mask_to_runs, place_copy, prepare_new_directory,
+                             remove_quietly, runs_to_mask, temp_file_path)
 
 METADATA_FILE = "image_metadata.json"
 _FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
@@ -65,7 +65,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def __init__(self, single_instance_space: Space, directory: str, fmt: str, save_options: Dict[str, Any],
                  exact: bool, capacity: Optional[int], length: int, written: np.ndarray, segments: SegmentLog, *,
-                 read_only: bool = False, quality: int = 75) -> None:
+                 read_only: bool = False, quality: int = 75, persistent_segments: bool = True) -> None:
         super().__init__(single_instance_space, directory, capacity, length, segments, read_only, exact, "image")
         self._fmt = fmt
         self._ext = _FORMATS[fmt]
@@ -74,6 +74,8 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._quality = quality
         self._written = written
         self._saved_log_version = segments.version
+        #: False for a directory the reference wrote: it keeps no segment list of its own
+        self._persistent_segments = persistent_segments
         self._Image = _pil_image()
 
     # ------------------------------------------------------------------ construction
@@ -111,7 +113,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         directory = prepare_new_directory(cache_path, cls.__name__)
         st = cls(single_instance_space, directory, fmt, options, exact, cap, 0, np.zeros(cap or 0, dtype=bool),
                  SegmentLog(cap), quality=q)
-        st._write_metadata()
+        st.write_metadata()
         return st
 
     @classmethod
@@ -124,7 +126,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         cls._check_load_args(single_instance_space, kwargs, read_only, multiprocessing)
         directory, meta_path, meta, version = cls._read_directory(path, METADATA_FILE)
         st = cls._from_metadata(directory, meta, meta_path, single_instance_space, read_only, version)
-        st._check_loaded_capacity(capacity)
+        check_loaded_capacity(st, capacity)
         return st
 
     @classmethod
@@ -155,10 +157,9 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             options = dict(meta["save_options"])
             exact = bool(meta["lossless"])
             segments = SegmentLog.from_json(meta["segments"], cap, length, where)
-        st = cls(space, directory, fmt, options, exact, cap, length, written, segments, read_only=read_only,
-                 quality=quality if isinstance(quality, int) else 75)
-        st._persistent_segments = version >= 1   # a reference-written directory keeps no segment list
-        return st
+        return cls(space, directory, fmt, options, exact, cap, length, written, segments, read_only=read_only,
+                   quality=quality if isinstance(quality, int) else 75,
+                   persistent_segments=version >= 1)   # a reference-written directory keeps no segment list
 
     # ------------------------------------------------------------------ properties
     @property
@@ -180,7 +181,8 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 "shape": list(self._frame_shape), "dtype": "uint8", "capacity": self._capacity,
                 "length": self._length, "written": mask_to_runs(self._written), "segments": self._segments.to_json()}
 
-    def _write_metadata(self, target: Optional[str] = None) -> None:
+    def write_metadata(self, target: Optional[str] = None) -> None:
+        """Writes the metadata file into the storage directory (atomically), or into the directory `target`."""
         atomic_write_json(os.path.join(target or self._dir, METADATA_FILE), self._metadata())
         if target is None:
             self._meta_dirty = False
@@ -274,11 +276,11 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             self._written[pos] = True
             self._meta_dirty = True
         if persist and self._dirty:
-            self._write_metadata()
+            self.write_metadata()
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the images (shape, dtype) and writes one file per addressed row (duplicates: the last one wins)."""
-        self._check_writable()
+        self.check_writable()
         rows = self._rows_to_write(index, value)
         if rows is not None:
             self._write_rows(rows[0], rows[1], True)
@@ -286,7 +288,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     # ------------------------------------------------------------------ segments and writers
     def append(self, value: Any) -> None:
         """Writes one image at the open segment's next row (recorded in the metadata when the segment ends)."""
-        self._check_writable()
+        self.check_writable()
         arr = self._conv.convert_single(value)
         pos = self._next_write_position()
         self._write_rows(np.array([pos], dtype=np.int64), arr[None], persist=False)
@@ -295,33 +297,32 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def mark_segment_end(self) -> None:
         super().mark_segment_end()
         if not self._read_only and not self._closed and self._dirty:
-            self._write_metadata()
+            self.write_metadata()
 
-    def _record_segment(self, start: int, length: int) -> None:
-        super()._record_segment(start, length)
+    def record_segment(self, start: int, length: int) -> None:
+        super().record_segment(start, length)
         if not self._read_only and self._dirty:
-            self._write_metadata()
+            self.write_metadata()
 
     def _segments_dropped(self) -> None:
         # an image replaces its row's file as soon as it is written: the segments it overwrites leave the metadata
         # first, so a crash never leaves a listed episode holding a frame of another
         if not self._read_only and not self._closed:
-            self._write_metadata()
+            self.write_metadata()
 
-    #: this storage's metadata holds its segment list, rewritten at every commit and before segments are dropped
-    _persistent_segments = True
-
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
+        """True unless the directory was written by the reference: this storage's metadata then holds its segment
+        list, rewritten at every commit and before segments are dropped."""
         return self._persistent_segments
 
-    def _prepare_single(self, value: Any) -> Any:
+    def prepare_element(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)
 
-    def _stack_prepared(self, items: List[Any]) -> Any:
+    def stack_prepared(self, items: List[Any]) -> Any:
         return np.stack(items) if items else self._zeros(0)
 
-    def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._check_writable()
+    def set_prepared(self, index: Any, batch: Any) -> None:
+        self.check_writable()
         norm = normalize_index(index, self._length, type(self).__name__)
         self._write_rows(norm.positions(), batch, persist=False)
 
@@ -338,14 +339,14 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         gone = np.flatnonzero(self._written[new_len:]) + new_len
         self._written = self._written[:new_len].copy()
         self._length = new_len
-        self._write_metadata()
+        self.write_metadata()
         for row in gone.tolist():
             remove_quietly(self._path(row))
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every image (rows read as zeros again) and
         empties a growable storage."""
-        self._check_writable()
+        self.check_writable()
         self.abort_segment()
         self._segments.clear()
         gone = np.flatnonzero(self._written)
@@ -353,7 +354,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if self._capacity is None:
             self._written = np.zeros(0, dtype=bool)
             self._length = 0
-        self._write_metadata()
+        self.write_metadata()
         for row in gone.tolist():
             remove_quietly(self._path(row))
 
@@ -377,7 +378,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 old_rows = np.zeros(0, dtype=np.int64)
         rows = np.flatnonzero(self._written).tolist()
         io_map(lambda r: place_copy(self._path(r), os.path.join(target, f"{r}.{self._ext}")), rows, min_parallel=8)
-        self._write_metadata(target)
+        self.write_metadata(target)
         keep = set(rows) if old_ext == self._ext else set()
         for r in old_rows.tolist():
             if r not in keep:
@@ -389,7 +390,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             return
         try:
             if not self._read_only and self._dirty:
-                self._write_metadata()
+                self.write_metadata()
         finally:
             self._closed = True
 
@@ -399,10 +400,10 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return {"space": self.single_instance_space, "dir": self._dir, "meta": self._metadata()}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        other = ImageStorage._from_metadata(state["dir"], state["meta"], "pickled ImageStorage", state["space"], True,
-                                            FORMAT_VERSION)
+        other = type(self)._from_metadata(state["dir"], state["meta"], "pickled ImageStorage", state["space"], True,
+                                          FORMAT_VERSION)
         self.__dict__.update(other.__dict__)
-        other._closed = True
+        other.__dict__.clear()   # what it held is self's now: emptied, its garbage collection releases nothing
 
 
 __all__ = ["ImageStorage", "METADATA_FILE"]

@@ -194,7 +194,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""
-        self._check_writable()
+        self.check_writable()
         self._check_owner("clear")
         super().clear()
         if self._capacity is not None:
@@ -302,8 +302,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 "segments": self._segments.to_json()}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        log = SegmentLog(state["capacity"])
-        log._runs = [(int(s), int(n)) for s, n in state["segments"]]
+        log = SegmentLog(state["capacity"], state["segments"])
         ParquetStorage.__init__(self, state["space"], state["dir"], state["capacity"], state["length"],
                                 state["piece_size"], state["compression"], log, read_only=True, owner=False)
 

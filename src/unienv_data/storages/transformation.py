@@ -120,7 +120,7 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         self.inner_storage = inner_storage
         self.inner_storage_path = inner_storage_path
         self._cache_filename = cache_filename
-        self._owns_inner = False
+        self.owns_inner_storage = False
 
     @staticmethod
     def _plan(space: Space, transformation: Any) -> Tuple[Space, DataTransformation]:
@@ -174,9 +174,9 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         except BaseException:
             inner.close()
             raise
-        st._owns_inner = True
+        st.owns_inner_storage = True
         if cache_path is not None:
-            st._write_metadata(cache_path)
+            st.write_metadata(cache_path)
         return st
 
     @classmethod
@@ -236,7 +236,7 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         except BaseException:
             inner.close()
             raise
-        st._owns_inner = True
+        st.owns_inner_storage = True
         return st
 
     @staticmethod
@@ -263,7 +263,7 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat row(s) in the source space's layout. Every column must read back unchanged from the element
         it describes (no fraction in an integer leaf, no 2 in a boolean one), else ValueError; then as `set`."""
-        self._check_writable()
+        self.check_writable()
         b = self.backend
         single = is_single_index(index)
         space = self.single_instance_space if single else self._single_sample_batched_space
@@ -303,12 +303,12 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         self._check_open()
         return {"space": self.single_instance_space, "transformation": self.data_transformation,
                 "inner": self.inner_storage, "inner_path": self.inner_storage_path, "cache": self._cache_filename,
-                "owns": self._owns_inner}
+                "owns": self.owns_inner_storage}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         TransformedStorage.__init__(self, state["space"], state["transformation"], state["inner"], state["inner_path"],
                                     state["cache"])
-        self._owns_inner = state["owns"]
+        self.owns_inner_storage = state["owns"]
 
 
 

@@ -49,7 +49,7 @@ from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
 from unienv_interface.space import Space
 
-from ._episode_files import (FileRowStorage, check_count, consecutive_runs, describe_rows,
+from ._episode_files import (FileRowStorage, check_count, check_loaded_capacity, consecutive_runs, describe_rows,
                              prepare_new_directory, remove_quietly, ring_positions)
 from ._video_codec import (CONTAINERS, DEFAULT_GOP, CodecPlan, EncodedFile, FrameEncoder, codec_family, fps_fraction,
                            probe_plan, select_codec)
@@ -154,7 +154,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         st = cls(single_instance_space, directory, plan, fps, cap, 0, RunFileIndex(cap or 0), SegmentLog(cap),
                  selection=selection, **opts)
         st._plan_checked = True
-        st._write_metadata()
+        st.write_metadata()
         return st
 
     @classmethod
@@ -174,7 +174,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if version == 0:
             return cls._load_reference(directory, meta, meta_path, single_instance_space, capacity, read_only, opts)
         st = cls._from_metadata(directory, meta, meta_path, single_instance_space, read_only, opts)
-        st._check_loaded_capacity(capacity)
+        check_loaded_capacity(st, capacity)
         verify_files(st._dir, st._index, st._meta_path)
         return st
 
@@ -282,7 +282,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 "capacity": self._capacity, "length": self._length, "segments": self._segments.to_json(),
                 "files": idx["files"], "runs": idx["runs"]}
 
-    def _write_metadata(self) -> None:
+    def write_metadata(self) -> None:
+        """Writes the metadata file of the storage directory (atomically), and the reference's index next to it."""
         atomic_write_json(self._meta_path, self._metadata())
         self._meta_dirty = False
         write_reference_index(self._dir, self._index, self._capacity)
@@ -335,11 +336,10 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 freed += self._place(enc, rows, taken, placed)
             if record is not None:
                 self._segments.add(*record)
-            self._write_metadata()
+            self.write_metadata()
         except BaseException:
             self._index.restore(snap)
-            log = SegmentLog(self._capacity)
-            log._runs = list(seg_runs)
+            log = SegmentLog(self._capacity, seg_runs)
             log.version = self._segments.version + 1
             self._segments = log
             for p in placed:
@@ -426,7 +426,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         for f, old in renamed:
             f.name = settled[old]
         try:
-            self._write_metadata()
+            self.write_metadata()
         except BaseException:
             for f, old in renamed:
                 remove_quietly(os.path.join(self._dir, f.name))
@@ -490,7 +490,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             self._grow_to(start + length)
         self._install([(encoded, ring_positions(start, length, self._capacity))], record=(start, length))
 
-    def _has_persistent_segments(self) -> bool:
+    def has_persistent_segments(self) -> bool:
         # each commit rewrites the metadata with the segment list (reference-written directories: read-only)
         return bool(self._format_version)
 
@@ -522,7 +522,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Checks the frames (shape, dtype) and encodes every contiguous run of the addressed rows into one new file
         (duplicates: the last one wins). Rows of older files covered by it read the new frames; nothing becomes
         visible unless every file was written and the metadata updated."""
-        self._check_writable()
+        self.check_writable()
         rows = self._rows_to_write(index, value)
         if rows is None:
             return
@@ -547,7 +547,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def append(self, value: Any) -> None:
         """Encodes one frame at the open segment's next row (a growable storage grows by that row at once)."""
-        self._check_writable()
+        self.check_writable()
         if self._seg_start is None:
             raise StorageStateError(f"Cannot append to {type(self).__name__} without an open segment; call "
                                     "mark_segment_start(start) first")
@@ -585,7 +585,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def open_segment_writer(self) -> VideoSegmentWriter:
         """A writer that encodes while appending and places its file on `commit(start)`."""
-        self._check_writable()
+        self.check_writable()
         w = VideoSegmentWriter(self)
         self._writers.add(w)
         return w
@@ -605,20 +605,20 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._shrunk_to(new_len)
         freed = self._index.resize(new_len)
         self._length = new_len
-        self._write_metadata()
+        self.write_metadata()
         self._delete_files(freed)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, deletes every file (all rows read as zeros again) and empties
         a growable storage."""
-        self._check_writable()
+        self.check_writable()
         self.abort_segment()
         self._segments.clear()
         freed = self._index.clear()
         if self._capacity is None:
             self._index.resize(0)
             self._length = 0
-        self._write_metadata()
+        self.write_metadata()
         self._delete_files(freed)
 
     # ------------------------------------------------------------------ persistence
@@ -642,7 +642,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def remove_orphan_files(self) -> List[str]:
         """Deletes `orphan_files()` (and temporary files of writers of this process that are still open are kept)."""
-        self._check_writable()
+        self.check_writable()
         keep = {w._encoder.path for w in list(self._writers) if w._encoder is not None}
         if self._seg_encoder is not None:
             keep.add(self._seg_encoder.path)
@@ -663,7 +663,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 self._trim_for_reference()
             finally:
                 if not self._read_only and self._meta_dirty:
-                    self._write_metadata()
+                    self.write_metadata()
         finally:
             self._decoders.close_all()
             self._closed = True
@@ -693,11 +693,11 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def __setstate__(self, state: Dict[str, Any]) -> None:
         space = state["space"]
         VideoStorage._image_shape(space)
-        other = VideoStorage._from_metadata(state["dir"], state["meta"], "pickled VideoStorage", space, True,
-                                            state["opts"])
+        other = type(self)._from_metadata(state["dir"], state["meta"], "pickled VideoStorage", space, True,
+                                          state["opts"])
         self.__dict__.update(other.__dict__)
         self._format_version = state["format_version"]
-        other._closed = True  # its decoders (none) and encoders (none) now belong to self
+        other.__dict__.clear()  # its decoders (none) and encoders (none) are self's now: its collection frees nothing
 
 
 __all__ = ["VideoStorage", "VideoSegmentWriter", "CodecPlan", "select_codec", "METADATA_FILE", "REFERENCE_INDEX_FILE",

@@ -409,7 +409,7 @@ class BufferActor:
             storage = buffer.storage
             for t in tokens:
                 r = self._pending.pop(t)
-                storage._record_segment(r.start, r.length)  # type: ignore[union-attr]
+                storage.record_segment(r.start, r.length)  # type: ignore[union-attr]
             if not self._pending:
                 self._advances, self._dead = [], set()
             self._rows_freed.notify_all()

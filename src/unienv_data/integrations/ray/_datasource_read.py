@@ -106,7 +106,7 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
     maintain = bool(meta.get("maintain_segment_metadata", listed is not None))
     if listed is None:
         listed = meta.get("buffer_segments")
-    if listed is not None and (maintain or not storage._has_persistent_segments()):
+    if listed is not None and (maintain or not storage.has_persistent_segments()):
         recorded = _runs_of([tuple(p) for p in listed], cap)
     else:
         recorded = _runs_of(storage.episode_segments(), cap)

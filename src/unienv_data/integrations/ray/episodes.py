@@ -261,7 +261,7 @@ class _BatchSegmentWriter(SegmentWriter):
             write()
         else:
             st.set(index, self._batch)
-        st._record_segment(start, self._length)
+        st.record_segment(start, self._length)
 
     def _release_rows(self) -> None:
         self._batch = None

@@ -154,7 +154,7 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def _has_persistent_segments(self) -> bool:
         return self.inner_storage._has_persistent_segments()
 
-    def _child_storages(self) -> List[SpaceStorage]:
+    def child_storages(self) -> List[SpaceStorage]:
         return [self.inner_storage]
 
     def _persist_committed(self) -> None:

@@ -405,28 +405,28 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     # ------------------------------------------------------------------ staging (see SpaceStorage)
     @property
-    def _stage_checks_all(self) -> bool:
+    def staging_checks_all(self) -> bool:
         return True
 
-    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+    def stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
         self._check_writable()
         norm = self._stage_index(index)
         arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
         return partial(self._write, norm, arr)
 
-    def _check_append_state(self) -> None:
+    def check_append_state(self) -> None:
         # an open segment never holds more rows than the capacity: `==` is the full check (None: never)
         if self._closed or self._read_only or self._seg_start is None or self._seg_len == self._capacity:
-            super()._check_append_state()  # raises the error that fits
+            super().check_append_state()  # raises the error that fits
 
-    def _stage_append(self, value: Any) -> Callable[[], None]:
+    def stage_append(self, value: Any) -> Callable[[], None]:
         """Checks the state and converts `value` now; the returned append only copies the row."""
-        self._check_append_state()
+        self.check_append_state()
         return partial(self._append_staged, self._conv.convert_single(value))
 
     def _append_staged(self, row: np.ndarray) -> None:
-        """The append `_stage_append` returns: state and row were checked when it was staged."""
+        """The append `stage_append` returns: state and row were checked when it was staged."""
         pos = self._next_write_position()  # may grow the block: read its data afterwards
         self._block.data[pos] = row
         self._seg_len += 1
@@ -461,15 +461,15 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def _segments_dropped(self) -> None:
         if self._block.mode == MEMMAP and not self._read_only:
-            if self._drop_listener is not None:
-                self._drop_listener(self)       # the owner's commit log records the shorter list
+            if self.drop_listener is not None:
+                self.drop_listener(self)       # the owner's commit log records the shorter list
                 return
             self._save_own_sidecar()
 
     def _commit_log_leaf(self) -> Optional["SpaceStorage"]:
         return self if self._block.mode == MEMMAP and self._persistent_segments else None
 
-    def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
+    def adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
         """Takes the length and segments of an owner's commit log (newer than this file's own metadata after a
         crash): a growable storage maps the rows its file already holds up to `length` (or drops its rows past it);
         the segments are validated against the capacity and length."""

@@ -274,7 +274,7 @@ class LeafTreeWrites:
 
         def _check_writable(self) -> None: ...
 
-        def _check_append_state(self) -> None: ...
+        def check_append_state(self) -> None: ...
 
         def _next_write_position(self) -> int: ...
 
@@ -290,7 +290,7 @@ class LeafTreeWrites:
     def append(self, value: Any) -> None:
         """Checks the whole value first, then writes it at the open segment's next row (growable storages grow): a
         refused value neither grows the storage nor cuts the recorded segment that held that row."""
-        self._check_append_state()
+        self.check_append_state()
         leaves = self._tree.split(value, ())
         pos = self._next_write_position()
         self._write_leaves(self._norm(pos), leaves)

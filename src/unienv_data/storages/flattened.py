@@ -329,20 +329,20 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     # ------------------------------------------------------------------ staging (see SpaceStorage)
     @property
-    def _stage_checks_all(self) -> bool:
-        return self._fast or self.inner_storage._stage_checks_all
+    def staging_checks_all(self) -> bool:
+        return self._fast or self.inner_storage.staging_checks_all
 
     def _rows_to_inner(self, rows: np.ndarray) -> Any:
         return self.backend.from_numpy(rows, dtype=self._plan.flat_space.dtype, device=self.device)
 
-    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+    def stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and packs `value` for `set(index, ...)` now (a checked batch over an array storage is written
         leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
         self._check_writable()
         norm = self._stage_index(index)
         key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
         if not self._fast:
-            return self.inner_storage._stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
+            return self.inner_storage.stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
         inner: Any = self.inner_storage
         if lead:
             arrs = self._plan.check_batch(value, lead)
@@ -350,17 +350,17 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                 return partial(inner._write_via, key, self._plan.write_checked_batch, arrs)
         return partial(inner._write_rows_trusted, key, self._plan.pack(value, lead))
 
-    def _stage_append(self, value: Any) -> Callable[[], None]:
+    def stage_append(self, value: Any) -> Callable[[], None]:
         """Checks the state and the sample now; over an array storage the append only copies the packed row."""
         if self._closed:
             self._check_open()
         inner: Any = self.inner_storage
         if not self._fast:
-            return inner._stage_append(self._rows_to_inner(self._plan.pack(value)))
-        inner._check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
+            return inner.stage_append(self._rows_to_inner(self._plan.pack(value)))
+        inner.check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
         return partial(inner._append_row_trusted, self._plan.pack(value))
 
-    def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:
+    def open_staged_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:
         """A writer of the inner storage (which holds this storage's segments) and `stage(value)`, which packs the
         sample (the check) and hands the row to it."""
         pack = self._plan.pack
@@ -370,7 +370,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                 buffered = writer
                 return writer, lambda value: partial(buffered.append_prepared, pack(value))
             writer.abort()
-        inner_writer, inner_stage = self.inner_storage._stage_writer()
+        inner_writer, inner_stage = self.inner_storage.open_staged_writer()
         return inner_writer, lambda value: inner_stage(self._rows_to_inner(pack(value)))
 
     # ------------------------------------------------------------------ persistence

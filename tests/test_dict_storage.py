@@ -965,8 +965,8 @@ class TestStagingProtocol:
         from unienv_data.storages import _dict_routing, _dict_staging, dict_storage
         for mod in (dict_storage, _dict_staging, _dict_routing):
             src = inspect.getsource(mod)
-            for name in ("_conv", "_plan", "_fast", "_write_via", "_append_via", "_write_rows_trusted",
-                         "_append_row_trusted", "ArrayStorageBase", "FlattenedStorage"):
+            for name in ("_conv", "_plan", "_fast", "write_rows_with", "_append_via", "write_checked_rows",
+                         "append_checked_row", "ArrayStorageBase", "FlattenedStorage"):
                 assert name not in src, f"{mod.__name__} uses {name}"
 
     def test_state_errors_name_the_dict_storage(self) -> None:

@@ -246,6 +246,21 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     def _norm(self, index: Any) -> NormalizedIndex:
         return normalize_index(index, self._length, type(self).__name__)
 
+    @property
+    def converter(self) -> LeafConverter:
+        """The conversion rules every written value goes through (shape, dtype, bounds); composite storages use it
+        to convert rows they write with `write_checked_rows`."""
+        return self._conv
+
+    def rows_view(self, index: slice) -> Optional[np.ndarray]:
+        """A view (not a copy) of the rows `[0, len)[index]` for a slice of step 1, else None. It shares memory with
+        the storage: valid until the next write or close, for a caller that copies what it keeps (FlattenedStorage
+        unpacks every leaf into a new array)."""
+        if self._closed:
+            self._check_open()
+        start, stop, step = index.indices(self._length)
+        return self._block.data[start:stop] if step == 1 else None
+
     def get_numpy(self, index: Any) -> np.ndarray:
         """Rows at `index` as a fresh NumPy array in the storage dtype (raw bits for bfloat16)."""
         if self._closed:
@@ -339,9 +354,10 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                     idx, arr = idx[keep], arr[keep]
             data[idx] = arr
 
-    def _write_via(self, index: Any, writer: Any, payload: Any) -> None:
+    def write_rows_with(self, index: Any, writer: Any, payload: Any) -> None:
         """Writes checked data with `writer(rows_view, payload)`: straight into the storage for an int or a slice,
-        through one staging array and one scatter for index arrays (composite storages)."""
+        through one staging array and one scatter for index arrays. Nothing `writer` writes is checked: the caller
+        (a composite storage such as FlattenedStorage, which checked the sample) vouches for it."""
         self._check_writable()
         norm = self._norm(index)
         data = self._block.data
@@ -354,8 +370,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             writer(staging, payload)
             self._write(norm, staging)
 
-    def _write_rows_trusted(self, index: Any, rows: np.ndarray) -> None:
-        """Writes already-checked rows in the storage dtype (used by composite storages)."""
+    def write_checked_rows(self, index: Any, rows: np.ndarray) -> None:
+        """Writes rows in the storage dtype without checking their values: the caller (a composite storage such as
+        FlattenedStorage, which checked the sample) vouches for them. The index and the state are checked."""
         self._check_writable()
         norm = self._norm(index)
         self._write(norm, rows)
@@ -368,7 +385,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         return np.stack(items) if items else np.zeros((0,) + self._block.row_shape, self._block.dtype)
 
     def _set_prepared(self, index: Any, batch: Any) -> None:
-        self._write_rows_trusted(index, batch)
+        self.write_checked_rows(index, batch)
 
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow)."""
@@ -396,8 +413,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 return pos - cap if pos >= cap else pos
         return self._next_write_position()
 
-    def _append_row_trusted(self, row: np.ndarray) -> None:
-        """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""
+    def append_checked_row(self, row: np.ndarray) -> None:
+        """Appends one row in the storage dtype without checking its values (the caller, a composite storage such as
+        FlattenedStorage, checked the sample); the state is checked as by `append`."""
         self._check_writable()
         pos = self._next_write_position()
         self._block.data[pos] = row

@@ -260,7 +260,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     # ------------------------------------------------------------------ guards
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageClosedError(f"{type(self).__name__} is closed; reopen it with load_from()")
+            raise closed_error(self)
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -585,6 +585,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             buffered, prepare = writer, self._prepare_single
             return writer, lambda value: partial(buffered.append_prepared, prepare(value))
         return writer, partial(_stage_raw_append, self, writer)
+
+
+def closed_error(storage: SpaceStorage) -> StorageClosedError:
+    """The error using a closed storage raises (see `SpaceStorage._check_open`), naming the storage's type."""
+    return StorageClosedError(f"{type(storage).__name__} is closed; reopen it with load_from()")
 
 
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:

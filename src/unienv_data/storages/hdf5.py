@@ -430,9 +430,11 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     def _has_persistent_segments(self) -> bool:
         return self._file_id is not None
 
-    def _write_file(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:
-        """Writes the rows of the leaves `which` (all by default) as a new file at `path` (temporary name, then
-        rename), with each dataset's layout and filters; `tree` names the leaves in the new file."""
+    def dump_columns(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:
+        """Writes the rows of the leaves `which` (all by default) as a new HDF5Storage file at `path` (temporary
+        name, then rename), with each dataset's layout and filters; `tree` (the storage's own by default) names the
+        leaves and gives the space of the new file. What `dumps` and a column view's `dumps` write."""
+        self._check_open()
         cols = self._columns()
         chosen = cols if which is None else [cols[i] for i in which]
         tree = tree or self._tree
@@ -453,7 +455,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             raise IsADirectoryError(f"{type(self).__name__}.dumps: {path} is a directory; pass a file path")
         if not self._read_only and self._owner:
             self.flush()
-        self._write_file(path)
+        self.dump_columns(path)
 
     def close(self) -> None:
         """Flushes a writable storage, then closes the file; later use raises StorageClosedError. Idempotent."""

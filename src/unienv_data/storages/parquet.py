@@ -331,7 +331,7 @@ class ParquetColumnView(ColumnView):
 
     def get(self, index: Any) -> Any:
         self._check_open()
-        return self._parent._read_leaves(self._parent._norm(index), self._which)[0]
+        return self._parent.read_columns(index, self._which)[0]
 
     def dumps(self, path: PathLike) -> None:
         """Dumps the whole parent storage (a column is not a storage directory of its own)."""

@@ -506,7 +506,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     @property
     def staging_checks_all(self) -> bool:
         """True when staging checks everything the write would: the callables `stage_set`, `stage_append` and
-        `open_staged_writer` return never refuse the value. False for the defaults (storages that only check through `_prepare_single`, or not at all)."""
+        `open_staged_writer` return never refuse the value. False for the defaults (storages that only check
+        through `_prepare_single`, or not at all)."""
         return False
 
     def check_append_state(self) -> None:

@@ -228,4 +228,5 @@ class DictSegmentWriter(SegmentWriter):
                 w.abort()
 
 
-__all__ = ["Commit", "run_all", "write_order", "children_commit", "copy_tree", "StructureCheck", "Stager", "DictSegmentWriter"]
+__all__ = ["Commit", "run_all", "write_order", "children_commit", "copy_tree", "StructureCheck", "Stager",
+           "DictSegmentWriter"]

@@ -81,7 +81,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     returns the child storage of a storage-map key. Closing closes the children this object created or loaded
     (`owns_children=True`, which `create` / `load_from` pass); garbage collection never closes children. With
     `commit_log=True` (`create` / `load_from` in one process) a writable storage with a `cache_filename` keeps one
-    commit record for the children whose only per-commit state is their length and segments (`_dict_commit_log`). Pickles (for worker processes) by pickling its children.
+    commit record for the children whose only per-commit state is their length and segments (`_dict_commit_log`).
+    Pickles (for worker processes) by pickling its children.
     """
 
     forwards_load_options = True  # `load_from` passes extra options on to every child's

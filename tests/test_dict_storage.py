@@ -865,7 +865,7 @@ def _box(backend: Any = TB, shape: Any = (3,)) -> BoxSpace:
 
 
 class TestStagingProtocol:
-    """`_stage_set` / `_stage_append` / `_stage_writer`: check now (nothing written on error), write when called."""
+    """`stage_set` / `stage_append` / `open_staged_writer`: check now (nothing written on error), write when called."""
 
     @pytest.mark.parametrize("make_child", ["array", "flattened", "flattened-over-plain", "plain", "dict"])
     def test_stage_checks_now_and_writes_later(self, make_child: str) -> None:
@@ -888,28 +888,28 @@ class TestStagingProtocol:
             good = {"a": torch.full((3,), 0.5), "b": torch.tensor(True)}
             bad = {"a": torch.full((3,), 2.0), "b": torch.tensor(True)}
         before = st.get(Ellipsis)
-        expect_error((ValueError,), st._stage_set, 1, bad)
-        expect_error((IndexError,), st._stage_set, 9, good)
-        write = st._stage_set(1, good)
+        expect_error((ValueError,), st.stage_set, 1, bad)
+        expect_error((IndexError,), st.stage_set, 9, good)
+        write = st.stage_set(1, good)
         assert_tree_equal(st.get(Ellipsis), before)  # staged, not yet written
         write()
         assert_tree_equal(st.get(1), good)
         batch = stack_tree([good, good])
-        expect_error((ValueError,), st._stage_set, slice(2, 4), stack_tree([good, bad]))
-        st._stage_set(np.array([3, 2]), batch)()
+        expect_error((ValueError,), st.stage_set, slice(2, 4), stack_tree([good, bad]))
+        st.stage_set(np.array([3, 2]), batch)()
         assert_tree_equal(st.get(np.array([2, 3])), batch)
         # appends check the segment state as well
-        expect_error((StorageStateError,), st._stage_append, good)
+        expect_error((StorageStateError,), st.stage_append, good)
         st.mark_segment_start(0)
-        expect_error((ValueError,), st._stage_append, bad)
-        append = st._stage_append(good)
+        expect_error((ValueError,), st.stage_append, bad)
+        append = st.stage_append(good)
         assert st.pending_segment_length == 0
         append()
         assert st.pending_segment_length == 1
         st.mark_segment_end()
         assert st.episode_segments() == [(0, 0)]
         # a staged writer append: nothing buffered on error
-        writer, stage = st._stage_writer()
+        writer, stage = st.open_staged_writer()
         expect_error((ValueError,), stage, bad)
         assert len(writer) == 0
         stage(good)()
@@ -919,11 +919,11 @@ class TestStagingProtocol:
 
     def test_what_checks_everything(self) -> None:
         sp = DictSpace(TB, {"a": _box(), "b": BinarySpace(TB, ())})
-        assert PytorchTensorStorage.create(_box(), capacity=2)._stage_checks_all
-        assert FlattenedStorage.create(sp, PytorchTensorStorage, capacity=2)._stage_checks_all
-        assert not PlainRows(_box(), 2)._stage_checks_all
+        assert PytorchTensorStorage.create(_box(), capacity=2).staging_checks_all
+        assert FlattenedStorage.create(sp, PytorchTensorStorage, capacity=2).staging_checks_all
+        assert not PlainRows(_box(), 2).staging_checks_all
         mixed = DictStorage(sp, {"a": PlainRows(_box(), 2), "b": PytorchTensorStorage.create(BinarySpace(TB, ()), capacity=2)})
-        assert not mixed._stage_checks_all
+        assert not mixed.staging_checks_all
         # children that may still refuse when written are staged and written first
         assert isinstance(mixed._stager.parts[0][0], PlainRows)
 
@@ -954,19 +954,19 @@ class TestStagingProtocol:
         st = make(capacity=4)
         v = stack_tree([value(seed=1), value(seed=2)])
         norm = normalize_index(np.array([-1, 0]), len(st))
-        st._stage_set(norm, v)()
+        st.stage_set(norm, v)()
         assert_tree_equal(st.get(np.array([3, 0])), v)
 
     def test_dict_storage_uses_only_the_staging_protocol(self) -> None:
-        """DictStorage writes its children through `_stage_set` / `_stage_append` / `_stage_writer` only: no private
+        """DictStorage writes its children through `stage_set` / `stage_append` / `open_staged_writer` only: no private
         internals of particular child types."""
         import inspect
 
         from unienv_data.storages import _dict_routing, _dict_staging, dict_storage
         for mod in (dict_storage, _dict_staging, _dict_routing):
             src = inspect.getsource(mod)
-            for name in ("_conv", "_plan", "_fast", "_write_via", "_append_via", "_write_rows_trusted",
-                         "_append_row_trusted", "ArrayStorageBase", "FlattenedStorage"):
+            for name in ("_conv", "_plan", "_fast", "write_rows_with", "_append_via", "write_checked_rows",
+                         "append_checked_row", "ArrayStorageBase", "FlattenedStorage"):
                 assert name not in src, f"{mod.__name__} uses {name}"
 
     def test_state_errors_name_the_dict_storage(self) -> None:

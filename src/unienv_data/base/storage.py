@@ -239,7 +239,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     @durable.setter
     def durable(self, value: bool) -> None:
         self._durable = bool(value)
-        for child in self._child_storages():
+        for child in self.child_storages():
             child.durable = value
 
     @contextlib.contextmanager
@@ -255,7 +255,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             if not self._closed:
                 self.persist_committed()
 
-    def _child_storages(self) -> List["SpaceStorage"]:
+    def child_storages(self) -> List["SpaceStorage"]:
         """The storages this one writes through (composite storages); a durability setting reaches them too."""
         return []
 
@@ -277,7 +277,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     # ------------------------------------------------------------------ guards
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageClosedError(f"{type(self).__name__} is closed; reopen it with load_from()")
+            raise closed_error(self)
 
     def check_writable(self) -> None:
         """Raises `StorageClosedError` for a closed storage and `ReadOnlyStorageError` for a read-only one; every
@@ -408,7 +408,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow). The value is checked first
         (as far as `check_value` can), so that a refused value neither grows the storage nor cuts a recorded segment."""
-        self._check_append_state()
+        self.check_append_state()
         self.check_value(value)
         pos = self._next_write_position()
         self.set(pos, value)
@@ -457,15 +457,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s commit log):
     #: called with this storage instead of rewriting its own metadata when segments are dropped
-    _drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
+    drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
 
     def commit_log_leaf(self) -> Optional["SpaceStorage"]:
-        """Hook (asked by `DictStorage` of its children): the storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
-        whose only per-commit metadata is that state, and which can take it back with `_adopt_committed`. None
+        """The storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
+        whose only per-commit metadata is that state, and which can take it back with `adopt_committed`. None
         (the default): the storage persists its commits itself."""
         return None
 
-    def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
+    def adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
         """Takes the committed length and segments an owner's commit log holds (see `commit_log_leaf`)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state in an owner's commit log")
 
@@ -516,12 +516,13 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     # ------------------------------------------------------------------ staging (check now, write later)
     # Composite storages (DictStorage) write one sample into several children and must write none of them when
-    # one refuses its part. Every storage therefore offers two-phase writes: `_stage_set`, `_stage_append` and the
-    # appends staged by `_stage_writer` check the value and the storage's state *now* (raising as `set` /
+    # one refuses its part. Every storage therefore offers two-phase writes, public because owners call them on
+    # their children (DictStorage on each child, FlattenedStorage on its inner storage): `stage_set`, `stage_append`
+    # and the appends staged by `open_staged_writer` check the value and the storage's state *now* (raising as `set` /
     # `append` would, with nothing written) and return a callable that performs the write later. Call it at once:
     # the check holds only while nothing else changes the storage. The defaults check through `prepare_element`
     # when a storage overrides it, and otherwise cannot check at all: their callables simply run `set` / `append`,
-    # which may still refuse the value (`_stage_checks_all` is then False, and owners run them first).
+    # which may still refuse the value (`staging_checks_all` is then False, and owners run them first).
 
     #: the conversion rules `check_value` checks a Box / Binary value with (built on first use)
     _stage_conv: Optional[LeafConverter] = None
@@ -539,12 +540,13 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
                 conv.where = label
 
     @property
-    def _stage_checks_all(self) -> bool:
-        """True when staging checks everything the write would: the callables `_stage_*` return never refuse
-        the value. False for the defaults (storages that only check through `prepare_element`, or not at all)."""
+    def staging_checks_all(self) -> bool:
+        """True when staging checks everything the write would: the callables `stage_set`, `stage_append` and
+        `open_staged_writer` return never refuse the value. False for the defaults (storages that only check
+        through `prepare_element`, or not at all)."""
         return False
 
-    def _check_append_state(self) -> None:
+    def check_append_state(self) -> None:
         """Raises what `append` would for the storage's state (closed, read-only, no open segment, an open segment
         as long as the ring); changes nothing."""
         if self._closed or not self.is_mutable:
@@ -594,7 +596,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             return index
         return normalize_index(index, len(self), type(self).__name__)
 
-    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+    def stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks `set(index, value)` without writing (index, state, and the value as far as the storage can
         check it; see above) and returns the write. `index` may be a `NormalizedIndex` (see `_stage_index`)."""
         self.check_writable()
@@ -602,14 +604,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self.check_value(value, None if norm.single is not None else norm.count())
         return partial(self.set, norm.numpy_key(), value)
 
-    def _stage_append(self, value: Any) -> Callable[[], None]:
+    def stage_append(self, value: Any) -> Callable[[], None]:
         """Checks `append(value)` without writing (state, and the value as far as the storage can check it) and
         returns the append."""
-        self._check_append_state()
+        self.check_append_state()
         self.check_value(value)
         return partial(self.append, value)
 
-    def _stage_writer(self) -> Tuple["SegmentWriter", Callable[[Any], Callable[[], None]]]:
+    def open_staged_writer(self) -> Tuple["SegmentWriter", Callable[[Any], Callable[[], None]]]:
         """A new segment writer of this storage and `stage(value)`, which checks one element for it (nothing is
         buffered on error) and returns the callable that appends it to the writer. When a `BufferedSegmentWriter`
         can take what a checking `prepare_element` returns, the element is checked and prepared once; otherwise it is
@@ -625,6 +627,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 #: the `create` / `load_from` functions `SpaceStorage.__init_subclass__` made (`_refusing_existing`,
 #: `_dropping_cross_options`): a class that reuses one is not wrapped twice
 _WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+def closed_error(storage: SpaceStorage) -> StorageClosedError:
+    """The error using a closed storage raises (see `SpaceStorage._check_open`), naming the storage's type."""
+    return StorageClosedError(f"{type(storage).__name__} is closed; reopen it with load_from()")
 
 
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:

@@ -156,7 +156,7 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def has_persistent_segments(self) -> bool:
         return self.inner_storage.has_persistent_segments()
 
-    def _child_storages(self) -> List[SpaceStorage]:
+    def child_storages(self) -> List[SpaceStorage]:
         return [self.inner_storage]
 
     def persist_committed(self) -> None:

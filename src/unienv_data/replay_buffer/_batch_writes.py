@@ -40,7 +40,7 @@ def _persists_segments(storage: SpaceStorage) -> bool:
 def _checked_write(storage: SpaceStorage, index: Any, value: Any, before_write: Any) -> None:
     """Checks `value`, runs `before_write()` (drop the segments about to be overwritten, persisted), then writes:
     refused data changes nothing, and no metadata ever lists a segment whose rows were already overwritten."""
-    stage = getattr(storage, "_stage_set", None)
+    stage = getattr(storage, "stage_set", None)
     if callable(stage):
         write = stage(index, value)
         before_write()
@@ -53,7 +53,7 @@ def _checked_write(storage: SpaceStorage, index: Any, value: Any, before_write: 
 def _check_only(storage: SpaceStorage, batch: Any) -> None:
     """Checks a batch against the storage without writing it (staging when the storage offers it)."""
     n = _batch_length(batch)
-    stage = getattr(storage, "_stage_set", None)
+    stage = getattr(storage, "stage_set", None)
     if callable(stage):
         stage(slice(0, n), batch)          # the returned writer is dropped: nothing is written
         return

@@ -248,6 +248,21 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
     def _norm(self, index: Any) -> NormalizedIndex:
         return normalize_index(index, self._length, type(self).__name__)
 
+    @property
+    def converter(self) -> LeafConverter:
+        """The conversion rules every written value goes through (shape, dtype, bounds); composite storages use it
+        to convert rows they write with `write_checked_rows`."""
+        return self._conv
+
+    def rows_view(self, index: slice) -> Optional[np.ndarray]:
+        """A view (not a copy) of the rows `[0, len)[index]` for a slice of step 1, else None. It shares memory with
+        the storage: valid until the next write or close, for a caller that copies what it keeps (FlattenedStorage
+        unpacks every leaf into a new array)."""
+        if self._closed:
+            self._check_open()
+        start, stop, step = index.indices(self._length)
+        return self._block.data[start:stop] if step == 1 else None
+
     def get_numpy(self, index: Any) -> np.ndarray:
         """Rows at `index` as a fresh NumPy array in the storage dtype (raw bits for bfloat16)."""
         if self._closed:
@@ -341,9 +356,10 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                     idx, arr = idx[keep], arr[keep]
             data[idx] = arr
 
-    def _write_via(self, index: Any, writer: Any, payload: Any) -> None:
+    def write_rows_with(self, index: Any, writer: Any, payload: Any) -> None:
         """Writes checked data with `writer(rows_view, payload)`: straight into the storage for an int or a slice,
-        through one staging array and one scatter for index arrays (composite storages)."""
+        through one staging array and one scatter for index arrays. Nothing `writer` writes is checked: the caller
+        (a composite storage such as FlattenedStorage, which checked the sample) vouches for it."""
         self.check_writable()
         norm = self._norm(index)
         data = self._block.data
@@ -356,8 +372,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             writer(staging, payload)
             self._write(norm, staging)
 
-    def _write_rows_trusted(self, index: Any, rows: np.ndarray) -> None:
-        """Writes already-checked rows in the storage dtype (used by composite storages)."""
+    def write_checked_rows(self, index: Any, rows: np.ndarray) -> None:
+        """Writes rows in the storage dtype without checking their values: the caller (a composite storage such as
+        FlattenedStorage, which checked the sample) vouches for them. The index and the state are checked."""
         self.check_writable()
         norm = self._norm(index)
         self._write(norm, rows)
@@ -370,7 +387,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         return np.stack(items) if items else np.zeros((0,) + self._block.row_shape, self._block.dtype)
 
     def set_prepared(self, index: Any, batch: Any) -> None:
-        self._write_rows_trusted(index, batch)
+        self.write_checked_rows(index, batch)
 
     def append(self, value: Any) -> None:
         """Writes one element at the open segment's next row (growable storages grow)."""
@@ -398,8 +415,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 return pos - cap if pos >= cap else pos
         return self._next_write_position()
 
-    def _append_row_trusted(self, row: np.ndarray) -> None:
-        """Appends an already-checked row (used by composite storages such as FlattenedStorage)."""
+    def append_checked_row(self, row: np.ndarray) -> None:
+        """Appends one row in the storage dtype without checking its values (the caller, a composite storage such as
+        FlattenedStorage, checked the sample); the state is checked as by `append`."""
         self.check_writable()
         pos = self._next_write_position()
         self._block.data[pos] = row
@@ -407,28 +425,28 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     # ------------------------------------------------------------------ staging (see SpaceStorage)
     @property
-    def _stage_checks_all(self) -> bool:
+    def staging_checks_all(self) -> bool:
         return True
 
-    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+    def stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
         self.check_writable()
         norm = self._stage_index(index)
         arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
         return partial(self._write, norm, arr)
 
-    def _check_append_state(self) -> None:
+    def check_append_state(self) -> None:
         # an open segment never holds more rows than the capacity: `==` is the full check (None: never)
         if self._closed or self._read_only or self._seg_start is None or self._seg_len == self._capacity:
-            super()._check_append_state()  # raises the error that fits
+            super().check_append_state()  # raises the error that fits
 
-    def _stage_append(self, value: Any) -> Callable[[], None]:
+    def stage_append(self, value: Any) -> Callable[[], None]:
         """Checks the state and converts `value` now; the returned append only copies the row."""
-        self._check_append_state()
+        self.check_append_state()
         return partial(self._append_staged, self._conv.convert_single(value))
 
     def _append_staged(self, row: np.ndarray) -> None:
-        """The append `_stage_append` returns: state and row were checked when it was staged."""
+        """The append `stage_append` returns: state and row were checked when it was staged."""
         pos = self._next_write_position()  # may grow the block: read its data afterwards
         self._block.data[pos] = row
         self._seg_len += 1
@@ -463,15 +481,15 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def _segments_dropped(self) -> None:
         if self._block.mode == MEMMAP and not self._read_only:
-            if self._drop_listener is not None:
-                self._drop_listener(self)       # the owner's commit log records the shorter list
+            if self.drop_listener is not None:
+                self.drop_listener(self)       # the owner's commit log records the shorter list
                 return
             self._save_own_sidecar()
 
     def commit_log_leaf(self) -> Optional["SpaceStorage"]:
         return self if self._block.mode == MEMMAP and self._persistent_segments else None
 
-    def _adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
+    def adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
         """Takes the length and segments of an owner's commit log (newer than this file's own metadata after a
         crash): a growable storage maps the rows its file already holds up to `length` (or drops its rows past it);
         the segments are validated against the capacity and length."""

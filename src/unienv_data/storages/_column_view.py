@@ -14,8 +14,8 @@ from ._list_storage import LeafTree
 
 
 class ColumnView(ParentView):
-    """Leaves `which` (named `keys`) of `parent`, a storage with `_norm`, `_read_leaves`, `_write_leaves` and a
-    `_tree` whose `subtree(keys)` gives `(space, which)`."""
+    """Leaves `which` (named `keys`, of sub-space `space`) of `parent`, a storage with `read_columns` and
+    `write_columns` (`LeafTreeWrites`)."""
 
     def __init__(self, parent: Any, space: Space, which: Sequence[int], keys: Sequence[str]) -> None:
         super().__init__(space)
@@ -26,14 +26,10 @@ class ColumnView(ParentView):
 
     def set(self, index: Any, value: Any) -> None:
         self.check_writable()
-        norm = self._parent._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._parent._write_leaves(norm, self._tree.split(value, lead), self._which)
+        self._parent.write_columns(index, value, self._tree, self._which)
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"parent": self._parent, "keys": self._keys}
+        return {"parent": self._parent, "space": self.single_instance_space, "which": self._which, "keys": self._keys}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        parent = state["parent"]
-        space, which = parent._tree.subtree(state["keys"])
-        ColumnView.__init__(self, parent, space, which, state["keys"])
+        ColumnView.__init__(self, state["parent"], state["space"], state["which"], state["keys"])

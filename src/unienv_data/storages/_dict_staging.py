@@ -1,16 +1,17 @@
 """Check everything, then write: how `DictStorage` stages one sample (or batch) across its children.
 
 A write goes in two phases. First the whole value is checked: its dict structure (`StructureCheck`), then every
-child's part through the child's staging protocol (`SpaceStorage._stage_set` / `_stage_append` / `_stage_writer`),
+child's part through the child's staging protocol (`SpaceStorage.stage_set` / `stage_append` / `open_staged_writer`),
 which checks without writing and hands back the write. Only when every child accepted its part are the writes run.
-Children whose staging cannot check everything (`_stage_checks_all` False: storages on the `SpaceStorage`
+Children whose staging cannot check everything (`staging_checks_all` False: storages on the `SpaceStorage`
 defaults) are staged and written first, so if one of them refuses after all no other child was touched.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -36,8 +37,25 @@ def run_all(commits: Sequence[Commit]) -> None:
 
 def write_order(children: Sequence[SpaceStorage]) -> List[int]:
     """Child indices in staging / writing order: children that may still refuse a value when written come first."""
-    unsure = [i for i, c in enumerate(children) if not c._stage_checks_all]
+    unsure = [i for i, c in enumerate(children) if not c.staging_checks_all]
     return unsure + [i for i in range(len(children)) if i not in unsure]
+
+
+@contextlib.contextmanager
+def children_commit(children: Sequence[SpaceStorage]) -> Iterator[None]:
+    """Holds the children's own per-commit persistence back for the block: their owner persists them together
+    afterwards (its `on_segment_committed`), so one commit point covers every child."""
+    kept = [c.durable for c in children]
+    if not any(kept):       # nothing to hold back (a non-durable storage, a shared buffer's)
+        yield
+        return
+    for c in children:
+        c.durable = False
+    try:
+        yield
+    finally:
+        for c, d in zip(children, kept):
+            c.durable = d
 
 
 def copy_tree(value: Any) -> Any:
@@ -96,6 +114,8 @@ class Stager:
     def __init__(self, owner: "DictStorage", children: Sequence[SpaceStorage], extractors: Sequence[Extract],
                  check: Callable[[Any], None]) -> None:
         self.owner = owner
+        #: children opened read-only stay read-only (checked again by each child on write)
+        self.all_mutable = all(c.is_mutable for c in children)
         order = write_order(children)
         self.parts: List[Tuple[SpaceStorage, Extract]] = [(children[i], extractors[i]) for i in order]
         self.check = check
@@ -103,18 +123,18 @@ class Stager:
     def stage_set(self, index: Any, value: Any) -> Commit:
         """Checks a value for `set(index, ...)` in every child; returns the writes (run in write order)."""
         self.check(value)
-        return partial(run_all, [child._stage_set(index, extract(value)) for child, extract in self.parts])
+        return partial(run_all, [child.stage_set(index, extract(value)) for child, extract in self.parts])
 
     def stage_append(self, value: Any) -> List[Commit]:
         """Checks one sample for `append` in every child (state included); returns the appends."""
         owner = self.owner
-        if owner.is_closed or not owner._all_mutable:
+        if owner.is_closed or not self.all_mutable:
             owner.check_writable()
         try:
             self.check(value)
-            return [child._stage_append(extract(value)) for child, extract in self.parts]
+            return [child.stage_append(extract(value)) for child, extract in self.parts]
         except StorageStateError:
-            owner._check_append_state()  # the same error named after the owner (or its children disagree)
+            owner.check_append_state()  # the same error named after the owner (or its children disagree)
             raise
 
     def prepare_single(self, value: Any) -> Any:
@@ -126,12 +146,12 @@ class Stager:
 
 
 class DictSegmentWriter(SegmentWriter):
-    """One staged writer per child (`_stage_writer`); an append checks the whole sample before any child writer
+    """One staged writer per child (`open_staged_writer`); an append checks the whole sample before any child writer
     buffers it, `commit(start)` commits every child at `start`."""
 
     def __init__(self, storage: SpaceStorage, stager: Stager) -> None:
         super().__init__(storage)
-        staged = [child._stage_writer() for child, _extract in stager.parts]
+        staged = [child.open_staged_writer() for child, _extract in stager.parts]
         self.writers: List[SegmentWriter] = [w for w, _stage in staged]
         self._stages = [(stage, extract) for (_w, stage), (_c, extract) in zip(staged, stager.parts)]
         self._check = stager.check
@@ -171,7 +191,7 @@ class DictSegmentWriter(SegmentWriter):
             for w in reversed(prepared):
                 w.rollback_commit()
             if self._length:
-                for c in self.storage._child_storages():
+                for c in self.storage.child_storages():
                     c.forget_segments(start, self._length)
             raise
 
@@ -181,7 +201,7 @@ class DictSegmentWriter(SegmentWriter):
         owner: "DictStorage" = self.storage  # type: ignore[assignment]   # a DictSegmentWriter's storage
         published: List[SegmentWriter] = []
         try:
-            with owner._children_commit():
+            with children_commit(owner.child_storages()):
                 for w in self.writers:
                     w.publish_commit(release=False)
                     published.append(w)
@@ -208,4 +228,5 @@ class DictSegmentWriter(SegmentWriter):
                 w.abort()
 
 
-__all__ = ["Commit", "run_all", "write_order", "copy_tree", "StructureCheck", "Stager", "DictSegmentWriter"]
+__all__ = ["Commit", "run_all", "write_order", "children_commit", "copy_tree", "StructureCheck", "Stager",
+           "DictSegmentWriter"]

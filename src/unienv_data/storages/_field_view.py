@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from unienv_data.base.errors import StorageStateError
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.storage import SpaceStorage, closed_error
 from unienv_interface.space import DictSpace, Space
 
 
@@ -52,7 +52,8 @@ class ParentView(SpaceStorage[Any, Any, Any, Any, Any]):
 
     def _check_open(self) -> None:
         super()._check_open()
-        self._parent._check_open()
+        if self._parent.is_closed:
+            raise closed_error(self._parent)
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         self._check_open()

@@ -140,7 +140,7 @@ def _check_lines(plan: "FlatRowPlan", i: int, lf: "_Leaf", ns: Dict[str, Any]) -
     if not _short_path(plan, lf):
         lines.append(general)
         if lf.row_check:
-            ns[f"X{i}"] = (lambda arr, _lf=lf: plan._verify_row_cast(
+            ns[f"X{i}"] = (lambda arr, _lf=lf: plan.verify_row_cast(
                 np.asarray(arr).reshape(-1).astype(plan.row_dtype), np.asarray(arr), _lf))
             lines.append(f"X{i}(p{i})")
         return lines
@@ -266,7 +266,7 @@ def _indent(lines: List[str], depth: int = 1) -> List[str]:
 def compile_codec(plan: "FlatRowPlan") -> CompiledCodec:
     """The generated functions of `plan` (each None when the plan does not qualify: only flat dict spaces without
     text leaves are compiled; the generic methods of `FlatRowPlan` serve the rest)."""
-    if not plan.is_flat_dict or plan._has_text or not plan.leaves:
+    if not plan.is_flat_dict or plan.has_text or not plan.leaves:
         return CompiledCodec(None, None, None, False, "")
     tag = f"#{next(_SERIAL)}"
     ns: Dict[str, Any] = {"DICT": dict, "BOOL": np.dtype(np.bool_), "PACK": plan.pack, "NKEYS": len(plan.leaves)}
@@ -290,8 +290,8 @@ def compile_codec(plan: "FlatRowPlan") -> CompiledCodec:
               + ["    def append(value):",
                  '        """Checks one sample and writes it at the open segment\'s next row."""']
               + _indent(keep, 2)
-              + ["        " + plain, "            inner._append_row_trusted(PACK(value))", "            return"]
-              + _indent(lookup, 2) + ["            inner._append_row_trusted(PACK(value))", "            return"]
+              + ["        " + plain, "            inner.append_checked_row(PACK(value))", "            return"]
+              + _indent(lookup, 2) + ["            inner.append_checked_row(PACK(value))", "            return"]
               + _indent(checks, 2)
               # the common case of `inner._claim_row()`, inline: inside the open segment, rows known to be free ahead
               # and the ring not yet full (`_seg_clear_rows` is 0 whenever no segment is open and once the storage is
@@ -317,14 +317,14 @@ def compile_codec(plan: "FlatRowPlan") -> CompiledCodec:
             + _indent(lookup) + ["        return False"] + _indent(checks) + _indent(_write_lines(plan, ns, "row", "", False)) + ["    return True"])
     shared = _shared_cast(plan)
     entries = ", ".join(f"K{i}: {_unpack_expr(lf, i, ns, w, shared is not None)}"
-                        for i, (lf, w) in enumerate(zip(plan.leaves, plan._wrappers)))
+                        for i, (lf, w) in enumerate(zip(plan.leaves, plan.leaf_wrappers)))
     unpack = ["def unpack_batch(rows):"]
     if shared is not None:
         ns["CAST"] = shared
         unpack.append("    cast = rows.astype(CAST)")
     unpack.append(f"    return {{{entries}}}")
     own_entries = ", ".join(f"K{i}: {_unpack_expr(lf, i, ns, w, shared is not None, own=True)}"
-                            for i, (lf, w) in enumerate(zip(plan.leaves, plan._wrappers)))
+                            for i, (lf, w) in enumerate(zip(plan.leaves, plan.leaf_wrappers)))
     unpack_view = ["def unpack_view(rows):"] + unpack[1:-1] + [f"    return {{{own_entries}}}"]
     source = "\n".join(append + [""] + pack + [""] + unpack + [""] + unpack_view)
     return CompiledCodec(_define("make_append", append, ns, tag + " append"),

@@ -64,11 +64,13 @@ class FlatRowPlan:
         self.is_flat_dict = isinstance(space, DictSpace) and all(len(lf.path) == 1 for lf in self.leaves)
         self._keys = frozenset(lf.key for lf in self.leaves) if self.is_flat_dict else frozenset()
         self._key_list = [lf.key for lf in self.leaves]
-        self._has_text = any(lf.text is not None for lf in self.leaves)
+        #: whether a leaf is a text leaf (stored as code points; such plans are never compiled)
+        self.has_text = any(lf.text is not None for lf in self.leaves)
         self._any_row_check = any(lf.row_check for lf in self.leaves)
-        self._wrappers = self._make_wrappers()
+        #: per leaf, the function turning a fresh NumPy leaf into the backend's array (None: keep NumPy)
+        self.leaf_wrappers = self._make_wrappers()
         self._no_wrappers: List[Any] = [None] * len(self.leaves)
-        self._wraps_nothing = all(w is None for w in self._wrappers)
+        self._wraps_nothing = all(w is None for w in self.leaf_wrappers)
         #: generated single-sample check / write and batch unflatten functions (see _flat_codec)
         self.codec = compile_codec(self)
 
@@ -102,7 +104,7 @@ class FlatRowPlan:
     # ---------------------------------------------------------------- packing
     def _fast_dict(self, value: Any) -> bool:
         """True when `value` takes the flat-dict fast path (its key set is checked here)."""
-        if not self.is_flat_dict or self._has_text:
+        if not self.is_flat_dict or self.has_text:
             return False
         if not isinstance(value, Mapping):
             raise TypeError(f"expected a dict with keys {self._key_list}, got {type(value).__name__}")
@@ -131,9 +133,11 @@ class FlatRowPlan:
         for lf, arr in zip(self.leaves, arrs):
             if lf.row_check:
                 staged = arr.reshape(-1).astype(self.row_dtype)
-                self._verify_row_cast(staged, arr, lf)
+                self.verify_row_cast(staged, arr, lf)
 
-    def _verify_row_cast(self, dst: np.ndarray, arr: np.ndarray, lf: "_Leaf") -> None:
+    def verify_row_cast(self, dst: np.ndarray, arr: np.ndarray, lf: "_Leaf") -> None:
+        """Refuses (ValueError naming the key) a value `arr` of leaf `lf` whose cast `dst` into the row dtype does
+        not cast back to the same values."""
         with np.errstate(all="ignore"):
             back = dst.astype(lf.leaf_np)
         if not np.array_equal(back, arr.reshape(back.shape)):
@@ -194,7 +198,7 @@ class FlatRowPlan:
         dst = row[..., lf.start:lf.stop]
         dst[...] = arr.reshape(lead + (lf.size,))
         if lf.row_check:
-            self._verify_row_cast(dst, arr, lf)
+            self.verify_row_cast(dst, arr, lf)
 
     def _put_text(self, row: np.ndarray, lf: _Leaf, v: Any, lead: Tuple[int, ...]) -> None:
         sp = lf.text
@@ -242,7 +246,7 @@ class FlatRowPlan:
             return fast(rows)
         lead = rows.shape[:-1]
         leaves: List[Any] = []
-        wrappers = self._wrappers if to_backend else self._no_wrappers
+        wrappers = self.leaf_wrappers if to_backend else self._no_wrappers
         for lf, wrap in zip(self.leaves, wrappers):
             part = rows[..., lf.start:lf.stop]
             if lf.text is not None:

@@ -239,8 +239,7 @@ class HDF5ColumnView(ColumnView):
 
     def get(self, index: Any) -> Any:
         self._check_open()
-        norm = self._parent._norm(index)
-        return self._tree.assemble(self._parent._read_leaves(norm, self._which))
+        return self._tree.assemble(self._parent.read_columns(index, self._which))
 
     def dumps(self, path: PathLike) -> None:
         """Writes these leaves as a standalone HDF5Storage file for this view's space."""
@@ -249,7 +248,7 @@ class HDF5ColumnView(ColumnView):
         own = self._parent.cache_filename
         if own is not None and os.path.exists(path) and os.path.samefile(path, own):
             raise ValueError(f"cannot dump a column view onto the file it is a view of ({own})")
-        self._parent._write_file(path, self._which, self._tree)
+        self._parent.dump_columns(path, self._which, self._tree)
 
 
 __all__ = ["HDF5ColumnView", "read_col", "write_col", "contiguous_place", "write_copy", "create_datasets",

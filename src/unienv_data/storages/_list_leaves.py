@@ -261,8 +261,9 @@ def check_stored_space(raw: Any, tree: "LeafTree", where: str) -> None:
 class LeafTreeWrites:
     """The write entry points shared by storages that keep one column per leaf of a `LeafTree` (HDF5, Parquet).
 
-    The class using it provides `_tree` (a `LeafTree`), `_norm(index)` (a normalised index), `_write_leaves(norm,
-    leaves)` (checked columns, written all or nothing) and `check_writable()`.
+    The class using it provides `_tree` (a `LeafTree`), `_norm(index)` (a normalised index), `_read_leaves(norm,
+    which)`, `_write_leaves(norm, leaves, which)` (checked columns, written all or nothing), `_check_open()` and
+    `check_writable()`. `read_columns` / `write_columns` serve the column views of `get_column` (`ColumnView`).
     """
 
     _tree: LeafTree
@@ -270,15 +271,33 @@ class LeafTreeWrites:
     if TYPE_CHECKING:  # provided by the storage class (declared here for the type checker only)
         def _norm(self, index: Any) -> Any: ...
 
-        def _write_leaves(self, norm: Any, leaves: Any) -> None: ...
+        def _read_leaves(self, norm: Any, which: Optional[Sequence[int]] = None) -> List[Any]: ...
+
+        def _write_leaves(self, norm: Any, leaves: Any, which: Optional[Sequence[int]] = None) -> None: ...
+
+        def _check_open(self) -> None: ...
 
         def check_writable(self) -> None: ...
 
-        def _check_append_state(self) -> None: ...
+        def check_append_state(self) -> None: ...
 
         def _next_write_position(self) -> int: ...
 
         def _advance_segment(self) -> None: ...
+
+    def read_columns(self, index: Any, which: Sequence[int]) -> List[Any]:
+        """The leaves `which` (positions in the storage's leaf order) of the rows at `index`, one value or array per
+        leaf, fresh copies: what a column view (`get_column`) reads."""
+        self._check_open()
+        return self._read_leaves(self._norm(index), which)
+
+    def write_columns(self, index: Any, value: Any, tree: "LeafTree", which: Sequence[int]) -> None:
+        """Checks `value` against `tree` (the leaves `which`, as a column view describes them), then writes those
+        leaves at `index`; the other leaves keep their values, and on error nothing changes."""
+        self.check_writable()
+        norm = self._norm(index)
+        lead = () if norm.single is not None else (norm.count(),)
+        self._write_leaves(norm, tree.split(value, lead), which)
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
@@ -290,7 +309,7 @@ class LeafTreeWrites:
     def append(self, value: Any) -> None:
         """Checks the whole value first, then writes it at the open segment's next row (growable storages grow): a
         refused value neither grows the storage nor cuts the recorded segment that held that row."""
-        self._check_append_state()
+        self.check_append_state()
         leaves = self._tree.split(value, ())
         pos = self._next_write_position()
         self._write_leaves(self._norm(pos), leaves)

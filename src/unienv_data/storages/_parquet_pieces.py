@@ -18,7 +18,7 @@ from unienv_interface.space import Space
 
 from ._io_pool import map_io
 from ._list_leaves import LeafTreeWrites
-from ._list_storage import LeafTree, replace_file
+from ._list_storage import LeafTree, link_or_copy, replace_file
 from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _n_pieces, _pa, _pq,
                               piece_filename)
 
@@ -28,7 +28,10 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
 
     def __init__(self, single_instance_space: Space, directory: str, capacity: Optional[int], length: int,
                  piece_size: int, compression: Any = "snappy", segments: Optional[SegmentLog] = None, *,
-                 read_only: bool = False, owner: bool = True, on_disk_rows: Optional[int] = None) -> None:
+                 read_only: bool = False, owner: bool = True, on_disk_rows: Optional[int] = None,
+                 new_directory: bool = False) -> None:
+        """`new_directory`: the storage is being created in an empty `directory` (`create`): a fixed capacity's zero
+        rows are written as pieces at once, and the metadata counts as unsaved until the first `flush()`."""
         super().__init__(single_instance_space)
         self._tree = self._make_tree(single_instance_space)
         self._dir = directory
@@ -50,6 +53,22 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
         self._dirty: Set[int] = set()
         self._meta_dirty = False
         self._saved_log_version = self._segments.version
+        if new_directory:
+            self._write_zero_pieces()
+
+    def _write_zero_pieces(self) -> None:
+        """The piece files of a new storage, so its directory is complete at once: with a fixed capacity every full
+        piece holds zeros and is the same file (written once, then linked or copied), then the partial last one."""
+        cap = self._capacity
+        if cap is not None:
+            full, ps = cap // self._piece_size, self._piece_size
+            if full:
+                self._write_piece(0)
+                first = os.path.join(self._dir, piece_filename(0))
+                map_io(lambda p: link_or_copy(first, os.path.join(self._dir, piece_filename(p))), list(range(1, full)))
+            if cap % ps:
+                self._write_piece(full)
+        self._meta_dirty = True
 
     def _initial_loaded(self) -> np.ndarray:
         n = _n_pieces(self._length, self._piece_size)

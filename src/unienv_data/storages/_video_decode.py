@@ -239,18 +239,19 @@ class FrameDecoder:
 # ---------------------------------------------------------------------------------------------------- threads
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_PID = -1
+_POOL_SIZE = 0      # the pool's max_workers
 _POOL_LOCK = threading.Lock()
 _POOL_PREFIX = "unienv-video-decode"
 
 
 def _helpers(n: int) -> ThreadPoolExecutor:
-    global _POOL, _POOL_PID
+    global _POOL, _POOL_PID, _POOL_SIZE
     with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid() or _POOL._max_workers < n:
+        if _POOL is None or _POOL_PID != os.getpid() or _POOL_SIZE < n:
             if _POOL is not None and _POOL_PID == os.getpid():
                 _POOL.shutdown(wait=False)  # IO_WORKERS grew: a larger pool replaces it
             _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix=_POOL_PREFIX)
-            _POOL_PID = os.getpid()
+            _POOL_PID, _POOL_SIZE = os.getpid(), n
         return _POOL
 
 

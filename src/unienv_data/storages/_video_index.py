@@ -78,13 +78,18 @@ class RunFileIndex:
         self.row_frame[rows] = 0
         return freed
 
+    def add_file(self, file: EpisodeFile) -> int:
+        """Lists `file` under a new id (no row points to it yet); returns the id."""
+        fid = self._next_id
+        self._next_id += 1
+        self.files[fid] = file
+        return fid
+
     def place(self, file: EpisodeFile, rows: np.ndarray, first_frame: int = 0) -> List[EpisodeFile]:
         """Points `rows[k]` at frame `first_frame + k` of `file`; returns the files that became unreferenced."""
         freed = self._release_rows(rows)
-        fid = self._next_id
-        self._next_id += 1
         file.refs = int(rows.size)
-        self.files[fid] = file
+        fid = self.add_file(file)
         self.row_file[rows] = fid
         self.row_frame[rows] = np.arange(first_frame, first_frame + rows.size, dtype=np.int32)
         return freed
@@ -153,11 +158,9 @@ class RunFileIndex:
                 ok = isinstance(kf, list) and all(_is_count(k, 0) and k < frames for k in kf)  # type: ignore[operator]
             if not ok:
                 raise StorageFormatError(f"{where}: file entry {name!r} = {desc!r} is not valid")
-            fid = idx._next_id
-            idx._next_id += 1
-            idx.files[fid] = EpisodeFile(name, int(frames), int(nbytes), uid or uuid.uuid4().hex,  # type: ignore[arg-type]
-                                         sorted(int(k) for k in kf) if kf is not None else None)
-            by_name[name] = fid
+            by_name[name] = idx.add_file(EpisodeFile(
+                name, int(frames), int(nbytes), uid or uuid.uuid4().hex,  # type: ignore[arg-type]
+                sorted(int(k) for k in kf) if kf is not None else None))
         for i, run in enumerate(runs):
             ok = (isinstance(run, list) and len(run) == 4 and _is_count(run[0], 0) and _is_count(run[1], 1)
                   and isinstance(run[2], str) and _is_count(run[3], 0))

@@ -15,8 +15,8 @@ raises ValueError (nothing is dropped silently), `get` returns the sample in the
 and `set` / `append` / writer appends check the whole sample (keys, then every child's value) before any child
 is written, so a refused write leaves every child untouched.
 
-Children are written only through the staging protocol of `SpaceStorage` (`_stage_set`, `_stage_append`,
-`_stage_writer`: check now, write when called), never through the internals of particular storage types; see
+Children are written only through the staging protocol of `SpaceStorage` (`stage_set`, `stage_append`,
+`open_staged_writer`: check now, write when called), never through the internals of particular storage types; see
 `_dict_staging`. A child type without its own staging gets the `SpaceStorage` defaults, which check what they can
 (`prepare_element`, or the Box / Binary conversion rules) and are staged and written before the other children, so
 a value such a child still refuses when written leaves the others untouched too. Routing (which child holds which
@@ -30,12 +30,11 @@ from __future__ import annotations
 
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -56,7 +55,7 @@ from unienv_interface.space.space_utils.serialization_utils import space_to_json
 from ._dict_commit_log import COMPACT_BYTES, LOG_FILE, CommitLog, read_log
 from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor, join_path,
                             route_space)
-from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, run_all
+from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, children_commit, run_all
 
 METADATA_FILE = "dict_storage_metadata.json"
 
@@ -79,8 +78,11 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     Children must agree on capacity and length. The one exception is a growable storage reopened after a process
     died between two children's commits: the rows every child has persisted are the committed ones; a writable
     `load_from` trims the longer children's uncommitted tail, a read-only one hides it. `get` returns the sample in the space's key order; `get_column(key)`
-    returns the child storage of a storage-map key. Closing closes the children this object created or loaded;
-    garbage collection never closes children. Pickles (for worker processes) by pickling its children.
+    returns the child storage of a storage-map key. Closing closes the children this object created or loaded
+    (`owns_children=True`, which `create` / `load_from` pass); garbage collection never closes children. With
+    `commit_log=True` (`create` / `load_from` in one process) a writable storage with a `cache_filename` keeps one
+    commit record for the children whose only per-commit state is their length and segments (`_dict_commit_log`).
+    Pickles (for worker processes) by pickling its children.
     """
 
     forwards_load_options = True  # `load_from` passes extra options on to every child's
@@ -91,7 +93,8 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                  nested_separator: str = "/", groups: Optional[Mapping[str, Sequence[str]]] = None,
                  storage_paths: Optional[Mapping[str, str]] = None,
                  cache_filename: Optional[Union[str, PathLike]] = None,
-                 committed_length: Optional[int] = None) -> None:
+                 committed_length: Optional[int] = None, owns_children: bool = False,
+                 commit_log: bool = False) -> None:
         if not isinstance(storages, Mapping) or not storages:
             raise ValueError("DictStorage needs at least one child storage (a mapping of key to storage)")
         groups = {str(k): list(v) for k, v in (groups or {}).items()}
@@ -130,20 +133,20 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         if len(set(self._paths.values())) != len(self._paths):
             raise ValueError(f"two children would share a file name: {self._paths}")
         self._cache_filename = cache_filename
-        self._owns_children = False
+        self._owns_children = owns_children
         for r, child in zip(routes, children):
             if not isinstance(r.space, (DictSpace, TupleSpace)):     # one leaf: errors name its key path
                 child.set_value_label(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
         self._log: Optional[CommitLog] = None        # the commit log (see `_dict_commit_log`), when writing one
         self._logged_runs: Optional[List[List[int]]] = None
         self._compile()
+        if commit_log:
+            self._start_log()
 
     # ------------------------------------------------------------------ compiled access plans
     def _compile(self) -> None:
         self._assemble = assembler(self.single_instance_space, self._routes)
         check = StructureCheck(self.single_instance_space, self.nested_separator).check
-        #: children opened read-only stay read-only (checked again by each child on write)
-        self._all_mutable = all(c.is_mutable for c in self._storages)
         self._stager = Stager(self, self._storages, [extractor(r) for r in self._routes], check)
         self._staged_appends = self._stager.stage_append
 
@@ -190,15 +193,13 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                     r.space, *args, capacity=capacity, cache_path=child_path, multiprocessing=multiprocessing,
                     **cls._merged_kwargs(r.key, child_cls, kwargs, type_kwargs, key_kwargs))
             st = cls(single_instance_space, children, nested_separator=nested_separator, groups=groups,
-                     storage_paths=paths, cache_filename=cache_path)
+                     storage_paths=paths, cache_filename=cache_path, owns_children=True,
+                     commit_log=not multiprocessing)
         except BaseException:
             _close_all(children.values(), quiet=True)
             raise
-        st._owns_children = True
         if cache_path is not None:
             st.write_metadata(cache_path)
-            if not multiprocessing:
-                st._start_log()
         return st
 
     @classmethod
@@ -265,41 +266,22 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
                 for key, c in children.items():
                     leaf = c.commit_log_leaf()
                     if leaf is not None:
-                        leaf._adopt_committed(logged[0], logged[1], f"{os.path.join(path, LOG_FILE)} (child {key!r})")
+                        leaf.adopt_committed(logged[0], logged[1], f"{os.path.join(path, LOG_FILE)} (child {key!r})")
             committed = _committed_children_length(children)
             if committed is not None and all(c.is_mutable for c in children.values()):
                 for c in children.values():     # a writable open trims the uncommitted tail
                     if len(c) > committed:
                         c.shrink_length(len(c) - committed)
                 committed = None
+            _reconcile_segments(list(children.values()))
             all_cached = all(c.cache_filename is not None for c in children.values())
             st = cls(single_instance_space, children, nested_separator=sep, groups=groups_raw,
                      storage_paths={k: v[1] for k, v in entries.items()}, cache_filename=path if all_cached else None,
-                     committed_length=committed)
+                     committed_length=committed, owns_children=True, commit_log=not multiprocessing)
         except BaseException:
             _close_all(children.values(), quiet=True)
             raise
-        st._owns_children = True
-        st._reconcile_segments()
-        if st.is_mutable and not multiprocessing:
-            st._start_log()
         return st
-
-    def _reconcile_segments(self) -> None:
-        """Keeps only the segments every child recorded (the others were not fully committed everywhere)."""
-        logs = [(c, c.episode_segments()) for c in self._storages]
-        known = [(c, segs) for c, segs in logs if segs is not None]
-        if len(known) < 2:
-            return
-        common = set(known[0][1] or [])
-        for _c, segs in known[1:]:
-            common &= set(segs or [])
-        cap = self.capacity
-        for c, segs in known:
-            for s, e in segs or []:
-                if (s, e) not in common:
-                    n = (e - s) % cap + 1 if cap else e - s + 1
-                    c.forget_segments(s, n)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -394,10 +376,10 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
 
     # ------------------------------------------------------------------ writes (staged: see _dict_staging)
     @property
-    def _stage_checks_all(self) -> bool:
-        return all(c._stage_checks_all for c in self._storages)
+    def staging_checks_all(self) -> bool:
+        return all(c.staging_checks_all for c in self._storages)
 
-    def _stage_set(self, index: Any, value: Any) -> Commit:
+    def stage_set(self, index: Any, value: Any) -> Commit:
         """Checks the whole sample or batch for `set(index, ...)` (keys, then every child's part) without writing;
         returns the writes."""
         self.check_writable()
@@ -406,7 +388,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole sample (keys, then every child's value) and writes it at `index`; on any error no child
         is written."""
-        self._stage_set(index, value)()
+        self.stage_set(index, value)()
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`flatten_data` layout of the whole space); a row whose columns do not read back to the
@@ -441,7 +423,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         return self._stager.prepare_single(value)
 
     # ------------------------------------------------------------------ segments
-    def _stage_append(self, value: Any) -> Commit:
+    def stage_append(self, value: Any) -> Commit:
         """Checks one sample for every child (state, keys, values) without writing; returns the appends."""
         return partial(run_all, self._staged_appends(value))
 
@@ -485,26 +467,10 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self._check_open()
         if not self.has_open_segment:
             return
-        with self._children_commit():
+        with children_commit(self._storages):
             for c in self._storages:
                 c.mark_segment_end()
         self.on_segment_committed()
-
-    @contextlib.contextmanager
-    def _children_commit(self) -> Iterator[None]:
-        """Holds the children's own per-commit persistence back for the block: the owner persists them together
-        afterwards (`on_segment_committed`), so one commit point covers every child."""
-        kept = [c.durable for c in self._storages]
-        if not any(kept):       # nothing to hold back (a non-durable storage, a shared buffer's)
-            yield
-            return
-        for c in self._storages:
-            c.durable = False
-        try:
-            yield
-        finally:
-            for c, d in zip(self._storages, kept):
-                c.durable = d
 
     def abort_segment(self) -> None:
         self._each_child("abort_segment")
@@ -544,7 +510,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         for c in self._storages:
             c.record_segment(start, length)
 
-    def _child_storages(self) -> List[SpaceStorage]:
+    def child_storages(self) -> List[SpaceStorage]:
         return list(self._storages)
 
     def persist_committed(self) -> None:
@@ -578,7 +544,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
             return
         self._log = CommitLog(os.path.join(os.fspath(self._cache_filename), LOG_FILE))
         for leaf in leaves:
-            leaf._drop_listener = self._log_drop
+            leaf.drop_listener = self._log_drop
         self._compact_log()
 
     def _leaf_state(self) -> Tuple[int, List[List[int]]]:
@@ -631,7 +597,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         self.check_writable()
         return DictSegmentWriter(self, self._stager)
 
-    def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Commit]]:
+    def open_staged_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Commit]]:
         writer = DictSegmentWriter(self, self._stager)
         return writer, writer.stage
 
@@ -706,7 +672,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
         log, self._log = self._log, None
         state = self._leaf_state() if log is not None and not any(c.is_closed for c in self._storages) else None
         for leaf in self._log_leaves() if log is not None else []:
-            leaf._drop_listener = None
+            leaf.drop_listener = None
         self._closed = True
         try:
             if self._owns_children:
@@ -726,8 +692,7 @@ class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def __setstate__(self, state: Dict[str, Any]) -> None:
         DictStorage.__init__(self, state["space"], state["children"], nested_separator=state["sep"],
                              groups=state["groups"], storage_paths=state["paths"], cache_filename=state["cache"],
-                             committed_length=state.get("committed"))
-        self._owns_children = state["owns"]
+                             committed_length=state.get("committed"), owns_children=state["owns"])
 
 
 def _committed_children_length(children: Mapping[str, SpaceStorage]) -> Optional[int]:
@@ -742,6 +707,24 @@ def _committed_children_length(children: Mapping[str, SpaceStorage]) -> Optional
     if len(set(lens)) <= 1 or any(c.capacity is not None for c in children.values()):
         return None
     return min(lens)
+
+
+def _reconcile_segments(children: Sequence[SpaceStorage]) -> None:
+    """Keeps only the segments every child recorded (the others were not fully committed everywhere: a crash
+    between two children's commits)."""
+    logs = [(c, c.episode_segments()) for c in children]
+    known = [(c, segs) for c, segs in logs if segs is not None]
+    if len(known) < 2:
+        return
+    common = set(known[0][1] or [])
+    for _c, segs in known[1:]:
+        common &= set(segs or [])
+    cap = children[0].capacity
+    for c, segs in known:
+        for s, e in segs or []:
+            if (s, e) not in common:
+                n = (e - s) % cap + 1 if cap else e - s + 1
+                c.forget_segments(s, n)
 
 
 def _close_all(storages: Iterable[SpaceStorage], quiet: bool = False) -> None:

@@ -253,11 +253,9 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             if type(index) is slice and self._fast_unpack_view is not None:
                 # every leaf is copied or cast into a new array: unpack a view of the rows of a contiguous slice,
                 # with no row copy first (the inner storage's own rows `[0, len)`, as its `get_numpy` reads them)
-                if inner.is_closed:
-                    inner._check_open()
-                start, stop, step = index.indices(inner._length)
-                if step == 1:
-                    return self._fast_unpack_view(inner._block.data[start:stop])
+                view = inner.rows_view(index)
+                if view is not None:
+                    return self._fast_unpack_view(view)
             rows = inner.get_numpy(index)
             return unpack(rows) if rows.ndim == 2 else self._plan.unpack(rows, to_backend=True)
         return self._plan.unpack(self._rows_numpy(index), to_backend=True)
@@ -269,7 +267,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     def _write_rows(self, index: Any, rows: np.ndarray) -> None:
         if self._fast:
-            self.inner_storage._write_rows_trusted(index, rows)  # type: ignore[attr-defined]
+            self.inner_storage.write_checked_rows(index, rows)  # type: ignore[attr-defined]
         else:
             self.inner_storage.set(index, self.backend.from_numpy(rows, dtype=self._plan.flat_space.dtype,
                                                                   device=self.device))
@@ -282,7 +280,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         if self._fast and lead:
             arrs = self._plan.check_batch(value, lead)
             if arrs is not None:
-                self.inner_storage._write_via(norm.numpy_key(), self._plan.write_checked_batch, arrs)  # type: ignore[attr-defined]
+                self.inner_storage.write_rows_with(norm.numpy_key(), self._plan.write_checked_batch, arrs)  # type: ignore[attr-defined]
                 return
         self._write_rows(norm.numpy_key(), self._plan.pack(value, lead))
 
@@ -291,11 +289,11 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         self.check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
         lead = () if norm.single is not None else (norm.count(),)
-        rows = self.inner_storage._conv.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
+        rows = self.inner_storage.converter.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
         if tuple(rows.shape) != lead + (self._plan.width,):
             raise ValueError(f"expected flat rows of shape {lead + (self._plan.width,)}, got {tuple(rows.shape)}")
         if rows.dtype != self._plan.row_dtype:
-            rows = self.inner_storage._conv.convert(rows, lead) if self._fast else rows.astype(self._plan.row_dtype)  # type: ignore[attr-defined]
+            rows = self.inner_storage.converter.convert(rows, lead) if self._fast else rows.astype(self._plan.row_dtype)  # type: ignore[attr-defined]
         self._write_rows(norm.numpy_key(), self._plan.check_rows(rows))
 
     def prepare_element(self, value: Any) -> Any:
@@ -306,7 +304,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         if self._closed:
             self._check_open()
         if self._fast:
-            self.inner_storage._append_row_trusted(self._plan.pack(value))  # type: ignore[attr-defined]
+            self.inner_storage.append_checked_row(self._plan.pack(value))  # type: ignore[attr-defined]
         else:
             self.check_writable()
             row = self._plan.pack(value)
@@ -329,38 +327,38 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     # ------------------------------------------------------------------ staging (see SpaceStorage)
     @property
-    def _stage_checks_all(self) -> bool:
-        return self._fast or self.inner_storage._stage_checks_all
+    def staging_checks_all(self) -> bool:
+        return self._fast or self.inner_storage.staging_checks_all
 
     def _rows_to_inner(self, rows: np.ndarray) -> Any:
         return self.backend.from_numpy(rows, dtype=self._plan.flat_space.dtype, device=self.device)
 
-    def _stage_set(self, index: Any, value: Any) -> Callable[[], None]:
+    def stage_set(self, index: Any, value: Any) -> Callable[[], None]:
         """Checks and packs `value` for `set(index, ...)` now (a checked batch over an array storage is written
         leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
         self.check_writable()
         norm = self._stage_index(index)
         key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
         if not self._fast:
-            return self.inner_storage._stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
+            return self.inner_storage.stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
         inner: Any = self.inner_storage
         if lead:
             arrs = self._plan.check_batch(value, lead)
             if arrs is not None:
-                return partial(inner._write_via, key, self._plan.write_checked_batch, arrs)
-        return partial(inner._write_rows_trusted, key, self._plan.pack(value, lead))
+                return partial(inner.write_rows_with, key, self._plan.write_checked_batch, arrs)
+        return partial(inner.write_checked_rows, key, self._plan.pack(value, lead))
 
-    def _stage_append(self, value: Any) -> Callable[[], None]:
+    def stage_append(self, value: Any) -> Callable[[], None]:
         """Checks the state and the sample now; over an array storage the append only copies the packed row."""
         if self._closed:
             self._check_open()
         inner: Any = self.inner_storage
         if not self._fast:
-            return inner._stage_append(self._rows_to_inner(self._plan.pack(value)))
-        inner._check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
-        return partial(inner._append_row_trusted, self._plan.pack(value))
+            return inner.stage_append(self._rows_to_inner(self._plan.pack(value)))
+        inner.check_append_state()  # the rows, and so the segment state, live in the inner storage (as in append)
+        return partial(inner.append_checked_row, self._plan.pack(value))
 
-    def _stage_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:
+    def open_staged_writer(self) -> Tuple[SegmentWriter, Callable[[Any], Callable[[], None]]]:
         """A writer of the inner storage (which holds this storage's segments) and `stage(value)`, which packs the
         sample (the check) and hands the row to it."""
         pack = self._plan.pack
@@ -370,7 +368,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                 buffered = writer
                 return writer, lambda value: partial(buffered.append_prepared, pack(value))
             writer.abort()
-        inner_writer, inner_stage = self.inner_storage._stage_writer()
+        inner_writer, inner_stage = self.inner_storage.open_staged_writer()
         return inner_writer, lambda value: inner_stage(self._rows_to_inner(pack(value)))
 
     # ------------------------------------------------------------------ persistence

@@ -41,7 +41,7 @@ import mmap
 import os
 import uuid
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 
 from unienv_data.base.errors import StorageNotFoundError, StorageStateError
@@ -62,14 +62,17 @@ from ._list_leaves import LeafTreeWrites
 from ._list_storage import LeafTree, check_capacity, check_count
 
 _ABANDONED: List[Any] = []          # h5py handles inherited through fork: never closed in the child
-_WRITERS: "weakref.WeakSet[HDF5Storage]" = weakref.WeakSet()
+#: the before-fork flush of every writable storage of this process, by the storage's id (weak: a storage that is
+#: collected leaves the registry; `close` removes it too)
+_WRITERS: Dict[int, "weakref.WeakMethod[Callable[[], None]]"] = {}
 
 
 def _flush_writers_before_fork() -> None:
-    for st in list(_WRITERS):
+    for ref in list(_WRITERS.values()):
+        flush = ref()
         try:
-            if not st.is_closed and st._file is not None and st._pid == os.getpid():
-                st.flush()
+            if flush is not None:
+                flush()
         except Exception:  # noqa: BLE001 - a failing flush must not break fork()
             pass
 
@@ -97,7 +100,10 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     def __init__(self, single_instance_space: Space, path: Optional[str], capacity: Optional[int], length: int,
                  segments: Optional[SegmentLog] = None, *, read_only: bool = False, reduce_io: bool = True,
                  use_mmap: bool = True, h5py_kwargs: Optional[Dict[str, Any]] = None, image: Optional[bytes] = None,
-                 owner: bool = True) -> None:
+                 owner: bool = True, file: Any = None, file_id: Optional[str] = None, new_file: bool = False) -> None:
+        """The storage of `path` (None: in memory). `create` and `load_from` pass the h5py `file` they opened and
+        checked (with `new_file` when `create` just made it, else the stored `file_id`); without `file`, the file
+        opens on first use (unpickled reader copies)."""
         super().__init__(single_instance_space)
         self._tree = self._make_tree(single_instance_space)
         self._path = path
@@ -117,9 +123,38 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         self._alloc = self._length
         self._meta_dirty = False
         self._saved_log_version = self._segments.version
-        self._file_id: Optional[str] = None
+        self._file_id: Optional[str] = file_id
         if not read_only and owner:
-            _WRITERS.add(self)
+            key = id(self)
+            _WRITERS[key] = weakref.WeakMethod(self._flush_before_fork, lambda _ref: _WRITERS.pop(key, None))
+        if file is not None:
+            self._take_file(file, new_file)
+
+    def _flush_before_fork(self) -> None:
+        """Flushes a storage writing its file in this process (a forked child must find the file consistent)."""
+        if not self._closed and self._file is not None and self._pid == os.getpid():
+            self.flush()
+
+    def _take_file(self, f: Any, new_file: bool) -> None:
+        """Uses the open file `f`. A new file (`create`) gets its id and metadata attribute (written once, with the
+        file: see _hdf5_state) and its first state; an existing one maps its allocated rows, and a writable file
+        without an id (from before state sidecars, or the reference's) is named once (the only in-place rewrite
+        of its attribute), so that commit points can keep its state in the sidecar from now on."""
+        if new_file:
+            self._file_id = new_file_id()
+            f.attrs[META_ATTR] = json.dumps(self._metadata())
+            self._attach(f)
+            self._meta_dirty = True
+            self.flush()
+            return
+        self._alloc = self._rows_in_file(f, self._tree)
+        if self._file_id is None and not self._read_only:
+            self._file_id = new_file_id()
+            meta = _read_meta(f, self._path or "") or {}
+            meta.update(self._metadata())
+            f.attrs[META_ATTR] = json.dumps(meta)
+            f.flush()
+        self._attach(f)
 
     @classmethod
     def _make_tree(cls, space: Space) -> LeafTree:
@@ -158,12 +193,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             create_datasets(f, tree, cap, rows, compression, compression_level, chunks, cls.__name__,
                             on_disk=path is not None and f.driver == "sec2")
             st = cls(single_instance_space, path, cap, rows, read_only=False, reduce_io=reduce_io, use_mmap=use_mmap,
-                     h5py_kwargs=h5py_kwargs)
-            st._file_id = new_file_id()
-            f.attrs[META_ATTR] = json.dumps(cls._metadata(st))  # written once, with the file (see _hdf5_state)
-            st._attach(f)
-            st._meta_dirty = True
-            st.flush()
+                     h5py_kwargs=h5py_kwargs, file=f, new_file=True)
         except BaseException:
             f.close()
             raise
@@ -188,18 +218,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         try:
             cap, length, segments, file_id = check_file(f, tree, cap_arg, read_only, path)
             st = cls(single_instance_space, path, cap, length, segments, read_only=read_only, reduce_io=reduce_io,
-                     use_mmap=use_mmap, h5py_kwargs=h5py_kwargs)
-            st._alloc = cls._rows_in_file(f, tree)
-            st._file_id = file_id
-            if file_id is None and not read_only:
-                # a file from before state sidecars, or the reference's: name it once (the only in-place rewrite
-                # of its attribute), so that commit points can keep its state in the sidecar from now on
-                st._file_id = new_file_id()
-                meta = _read_meta(f, path) or {}
-                meta.update(cls._metadata(st))
-                f.attrs[META_ATTR] = json.dumps(meta)
-                f.flush()
-            st._attach(f)
+                     use_mmap=use_mmap, h5py_kwargs=h5py_kwargs, file=f, file_id=file_id)
         except BaseException:
             f.close()
             raise
@@ -430,9 +449,11 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     def has_persistent_segments(self) -> bool:
         return self._file_id is not None
 
-    def _write_file(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:
-        """Writes the rows of the leaves `which` (all by default) as a new file at `path` (temporary name, then
-        rename), with each dataset's layout and filters; `tree` names the leaves in the new file."""
+    def dump_columns(self, path: str, which: Optional[Sequence[int]] = None, tree: Optional[LeafTree] = None) -> None:
+        """Writes the rows of the leaves `which` (all by default) as a new HDF5Storage file at `path` (temporary
+        name, then rename), with each dataset's layout and filters; `tree` (the storage's own by default) names the
+        leaves and gives the space of the new file. What `dumps` and a column view's `dumps` write."""
+        self._check_open()
         cols = self._columns()
         chosen = cols if which is None else [cols[i] for i in which]
         tree = tree or self._tree
@@ -453,7 +474,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             raise IsADirectoryError(f"{type(self).__name__}.dumps: {path} is a directory; pass a file path")
         if not self._read_only and self._owner:
             self.flush()
-        self._write_file(path)
+        self.dump_columns(path)
 
     def close(self) -> None:
         """Flushes a writable storage, then closes the file; later use raises StorageClosedError. Idempotent."""
@@ -470,7 +491,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
 
     def _drop_handle(self) -> None:
         f, self._file, self._cols, self._mmap = self._file, None, None, None  # the map closes with its last view
-        _WRITERS.discard(self)
+        _WRITERS.pop(id(self), None)
         if f is None:
             return
         if self._pid != os.getpid():

@@ -93,16 +93,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
             raise FileExistsError(f"{cls.__name__}: {path} already holds files; pass a new or empty directory (or open "
                                   "the existing storage with load_from)")
         os.makedirs(path, exist_ok=True)
-        st = cls(single_instance_space, path, cap, 0, int(piece_size), compression, on_disk_rows=0)
-        if cap is not None:  # zero pieces, so the directory is complete at once: every full one is the same file
-            full, ps = cap // st._piece_size, st._piece_size
-            if full:
-                st._write_piece(0)
-                first = os.path.join(path, piece_filename(0))
-                map_io(lambda p: link_or_copy(first, os.path.join(path, piece_filename(p))), list(range(1, full)))
-            if cap % ps:
-                st._write_piece(full)
-        st._meta_dirty = True
+        st = cls(single_instance_space, path, cap, 0, int(piece_size), compression, on_disk_rows=0, new_directory=True)
         st.flush()
         return st
 
@@ -330,7 +321,7 @@ class ParquetColumnView(ColumnView):
 
     def get(self, index: Any) -> Any:
         self._check_open()
-        return self._parent._read_leaves(self._parent._norm(index), self._which)[0]
+        return self._parent.read_columns(index, self._which)[0]
 
     def dumps(self, path: PathLike) -> None:
         """Dumps the whole parent storage (a column is not a storage directory of its own)."""

@@ -59,7 +59,7 @@ from ._video_layout import (METADATA_FIELDS, METADATA_FILE, REFERENCE_INDEX_FILE
                             new_file_name, orphan_names, parse_metadata, parse_reference, settle_names, verify_files,
                             write_reference_index)
 from ._video_options import buffer_format_for, runtime_options
-from ._video_writer import VideoSegmentWriter
+from ._video_writer import VideoSegmentWriter, VideoStorageHooks
 
 
 #: frames decoded and re-encoded at a time when a partly overwritten file is trimmed
@@ -105,7 +105,9 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                  capacity: Optional[int], length: int, index: RunFileIndex, segments: SegmentLog, *,
                  read_only: bool = False, selection: Optional[Dict[str, Any]] = None, format_version: int = FORMAT_VERSION,
                  decoder_cache_size: int = 8, decoder_threads: Optional[int] = None, seek_mode: str = "exact",
-                 hardware_acceleration: str = "auto", decode_backend: str = "auto") -> None:
+                 hardware_acceleration: str = "auto", decode_backend: str = "auto", plan_checked: bool = False) -> None:
+        """The storage of `directory` as `create` / `load_from` found it; `plan_checked`: the encoder `plan` was
+        just chosen and tried on this machine (`create`), so the first write does not try it again."""
         super().__init__(single_instance_space, directory, capacity, length, segments, read_only, plan.exact, "frame")
         self._plan = plan
         self._fps = fps_fraction(fps)
@@ -120,7 +122,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self.decode_backend = decode_backend
         self._seg_encoder: Optional[FrameEncoder] = None
         self._writers: "weakref.WeakSet[VideoSegmentWriter]" = weakref.WeakSet()
-        self._plan_checked = False
+        self._plan_checked = plan_checked
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -152,8 +154,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         directory = prepare_new_directory(cache_path, cls.__name__)
         selection = {"requested": codec, "chosen": plan.codec, "tried": tried}
         st = cls(single_instance_space, directory, plan, fps, cap, 0, RunFileIndex(cap or 0), SegmentLog(cap),
-                 selection=selection, **opts)
-        st._plan_checked = True
+                 selection=selection, plan_checked=True, **opts)
         st.write_metadata()
         return st
 
@@ -175,7 +176,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             return cls._load_reference(directory, meta, meta_path, single_instance_space, capacity, read_only, opts)
         st = cls._from_metadata(directory, meta, meta_path, single_instance_space, read_only, opts)
         check_loaded_capacity(st, capacity)
-        verify_files(st._dir, st._index, st._meta_path)
+        st.check_files()
         return st
 
     @classmethod
@@ -261,6 +262,12 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def nbytes_on_disk(self) -> int:
         """Bytes of the video files rows read from (partly overwritten files count whole)."""
         return sum(f.nbytes for f in self._index.files.values())
+
+    def check_files(self) -> None:
+        """Checks that every video file the metadata lists exists with the size recorded when it was written
+        (StorageNotFoundError / StorageFormatError naming the file otherwise); `load_from` runs it."""
+        self._check_open()
+        verify_files(self._dir, self._index, self._meta_path)
 
     @property
     def _meta_path(self) -> str:
@@ -586,7 +593,8 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def open_segment_writer(self) -> VideoSegmentWriter:
         """A writer that encodes while appending and places its file on `commit(start)`."""
         self.check_writable()
-        w = VideoSegmentWriter(self)
+        w = VideoSegmentWriter(self, VideoStorageHooks(self.check_writable, self._conv.convert_single,
+                                                       self._new_encoder, self._finish_encoder, self._install_encoded))
         self._writers.add(w)
         return w
 
@@ -643,7 +651,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def remove_orphan_files(self) -> List[str]:
         """Deletes `orphan_files()` (and temporary files of writers of this process that are still open are kept)."""
         self.check_writable()
-        keep = {w._encoder.path for w in list(self._writers) if w._encoder is not None}
+        keep = {w.temporary_path for w in list(self._writers) if w.temporary_path is not None}
         if self._seg_encoder is not None:
             keep.add(self._seg_encoder.path)
         removed = [n for n in self.orphan_files() if os.path.join(self._dir, n) not in keep]
@@ -675,7 +683,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             enc.discard()
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         for w in list(self._writers):
-            w._drop()
+            w.discard_files()
 
     def _release(self) -> None:
         self._discard_encoders()
@@ -692,7 +700,7 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         space = state["space"]
-        VideoStorage._image_shape(space)
+        type(self)._image_shape(space)
         other = type(self)._from_metadata(state["dir"], state["meta"], "pickled VideoStorage", space, True,
                                           state["opts"])
         self.__dict__.update(other.__dict__)

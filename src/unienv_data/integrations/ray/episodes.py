@@ -252,7 +252,7 @@ class _BatchSegmentWriter(SegmentWriter):
     def _commit(self, start: int) -> None:
         st = self.storage
         index = self._commit_indices(start)
-        stage = getattr(st, "_stage_set", None)
+        stage = getattr(st, "stage_set", None)
         write = stage(index, self._batch) if callable(stage) else None   # refused data: nothing written
         if st.capacity is None and start + self._length > len(st):
             st.extend_length(start + self._length - len(st))

@@ -134,6 +134,23 @@ def test_ended_episodes_survive_sigkill_of_the_recording_process(tmp_path: Any, 
         rb.close()
 
 
+@pytest.mark.parametrize("copy", ["ram", "shared"])
+def test_ended_episodes_survive_sigkill_when_read_back_into_memory(tmp_path: Any, copy: str) -> None:
+    """The episodes a killed recorder committed are in the native layout's commit log, newer than the files' own
+    metadata: a copy into RAM (`is_memmap=False`, shared memory with `multiprocessing=True`) takes them from the log
+    as the memory-mapped open does (it read the files' metadata only: 'committed rows are missing')."""
+    path = str(tmp_path / "data")
+    assert _record_and_kill("rb-native", path) == -signal.SIGKILL
+    rb = ReplayBuffer.load_from(path, backend=NB, is_memmap=False, multiprocessing=copy == "shared")
+    try:
+        assert len(rb) == DONE * STEPS
+        assert rb.episode_segments() == [(e * STEPS, (e + 1) * STEPS) for e in range(DONE)]
+        for e in range(DONE):
+            _check_episode(rb.get_at, e, e * STEPS)
+    finally:
+        rb.close()
+
+
 def test_ended_segments_of_a_storage_survive_sigkill(tmp_path: Any) -> None:
     path = str(tmp_path / "native")
     assert _record_and_kill("native", path) == -signal.SIGKILL

@@ -49,6 +49,17 @@ def _check_capacity(capacity: Any) -> Optional[int]:
     return int(capacity)
 
 
+def _copy_of_file(path: str, dtype: np.dtype, shape: Tuple[int, ...], rows: int, shared: bool) -> ArrayBlock:
+    """An in-RAM block (shared memory when `shared`) holding the first `rows` rows of the data file at `path`."""
+    if not shared:
+        return ArrayBlock.read_file(path, dtype, shape, rows)
+    src = ArrayBlock.open_file(path, dtype, shape, rows, writable=False)
+    block = ArrayBlock.new_file(SHARED, None, dtype, shape, rows)
+    block.data[...] = src.data
+    src.release()
+    return block
+
+
 class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Common implementation of the single-array storages (see the module docstring)."""
 
@@ -58,7 +69,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
 
     def __init__(self, single_instance_space: Space, block: ArrayBlock, capacity: Optional[int], length: int,
                  segments: Optional[SegmentLog] = None, read_only: bool = False, *,
-                 persistent_segments: bool = True) -> None:
+                 persistent_segments: bool = True, source_file: Optional[str] = None) -> None:
         super().__init__(single_instance_space)
         self._block = block
         self._capacity = capacity
@@ -71,6 +82,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._saved_log_version = -1
         #: False only for a raw file written without metadata (the reference's format): no segment list of its own
         self._persistent_segments = persistent_segments
+        #: the data file an in-RAM copy was read from (`load_from(..., is_memmap=False)`): an owner's commit log that
+        #: is newer than the file's metadata takes more of its rows (see `adopt_committed`)
+        self._source_file = source_file
 
     # ------------------------------------------------------------------ space checks
     @classmethod
@@ -198,15 +212,9 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             segments = None
         n_rows = cap if cap is not None else length
         if is_memmap is False:
-            if multiprocessing:
-                src = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=False)
-                block = ArrayBlock.new_file(SHARED, None, dtype, shape, n_rows)
-                block.data[...] = src.data
-                src.release()
-            else:
-                block = ArrayBlock.read_file(path, dtype, shape, n_rows)
+            block = _copy_of_file(path, dtype, shape, n_rows, multiprocessing)
             st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
-                     persistent_segments=segments is not None)
+                     persistent_segments=segments is not None, source_file=path)
         else:
             block = ArrayBlock.open_file(path, dtype, shape, n_rows, writable=not read_only)
             st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
@@ -487,7 +495,8 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             self._save_own_sidecar()
 
     def commit_log_leaf(self) -> Optional["SpaceStorage"]:
-        return self if self._block.mode == MEMMAP and self._persistent_segments else None
+        from_file = self._block.mode == MEMMAP or self._source_file is not None
+        return self if from_file and self._persistent_segments else None
 
     def adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:
         """Takes the length and segments of an owner's commit log (newer than this file's own metadata after a
@@ -496,14 +505,19 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         cap = self._capacity
         if cap is None and length != self._length:
             if length > self._block.alloc_rows:
-                path = str(self._block.path)
+                path = str(self._block.path if self._block.mode == MEMMAP else self._source_file)
                 rows, _extra = file_rows(path, self._block.row_bytes)
                 if rows < length:
                     raise StorageFormatError(f"{where} commits {length} rows, but {path} holds {rows}: the file is "
                                              "truncated")
-                self._block.release()
-                self._block = ArrayBlock.open_file(path, self._block.dtype, self._block.row_shape, length,
-                                                   writable=not self._read_only)
+                old = self._block
+                if old.mode == MEMMAP:
+                    old.release()
+                    self._block = ArrayBlock.open_file(path, old.dtype, old.row_shape, length,
+                                                       writable=not self._read_only)
+                else:       # an in-RAM copy: copy the committed rows the file holds beyond its metadata too
+                    self._block = _copy_of_file(path, old.dtype, old.row_shape, length, old.mode == SHARED)
+                    old.release()
             if length < self._length and not self._read_only:
                 self._block.data[length:self._length] = 0       # an uncommitted tail (the commit never happened)
             self._length = length

@@ -40,8 +40,8 @@ from unienv_data.base.leaf_storage import LeafStorage
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 
 from ._io_pool import map_io
-from ._list_helpers import (_contiguous, check_capacity, check_count, link_or_copy, mask_to_runs, replace_file,
-                            require_module, runs_to_mask)
+from ._list_helpers import (_contiguous, check_capacity, check_count, link_or_copy, mask_to_runs, numbered_files,
+                            replace_file, require_module, runs_to_mask)
 from ._list_leaves import Leaf, LeafTree, ValueConverter, check_stored_space, describe_leaf
 
 
@@ -98,20 +98,6 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return {}
 
     # ------------------------------------------------------------------ shared construction
-    @classmethod
-    def _prepare_directory(cls, cache_path: Optional[PathLike]) -> str:
-        if cache_path is None:
-            raise ValueError(f"{cls.__name__} keeps one file per row: pass cache_path=<a new or empty directory>")
-        path = os.fspath(cache_path)
-        if os.path.exists(path):
-            if not os.path.isdir(path):
-                raise FileExistsError(f"{cls.__name__}: {path} exists and is not a directory")
-            if os.listdir(path):
-                raise FileExistsError(f"{cls.__name__}: {path} already holds files; pass a new or empty directory "
-                                      "(or open the existing storage with load_from)")
-        os.makedirs(path, exist_ok=True)
-        return path
-
     @classmethod
     def _read_metadata(cls, path: PathLike, single_instance_space: Space, capacity: Optional[int],
                        missing_ok: bool) -> Dict[str, Any]:
@@ -297,16 +283,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         map_io(rm, list(rows))
 
     def _row_files(self, directory: str) -> Dict[int, str]:
-        out: Dict[int, str] = {}
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return out
-        for name in names:
-            m = _ROW_FILE.match(name)
-            if m and m.group(2) == self.file_ext:
-                out[int(m.group(1))] = name
-        return out
+        return numbered_files(directory, _ROW_FILE, self.file_ext)
 
     def _grow_rows(self, new_length: int) -> None:
         self._grow_to(new_length, False)

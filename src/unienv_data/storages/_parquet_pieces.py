@@ -18,6 +18,7 @@ from unienv_interface.space import Space
 
 from ._io_pool import map_io
 from ._list_leaves import LeafTreeWrites
+from ._list_helpers import numbered_files
 from ._list_storage import LeafTree, replace_file
 from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _n_pieces, _pa, _pq,
                               piece_filename)
@@ -238,13 +239,4 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
                      os.path.join(self._dir, piece_filename(piece)))
 
     def _piece_files(self, directory: str) -> Dict[int, str]:
-        out: Dict[int, str] = {}
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return out
-        for name in names:
-            m = _PIECE.match(name)
-            if m:
-                out[int(m.group(1))] = name
-        return out
+        return numbered_files(directory, _PIECE)

@@ -11,6 +11,7 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
+from .forwarding import forwarded
 from .hooks import upper_layer
 from .indexing import is_single_index, normalize_index
 
@@ -48,13 +49,8 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                                         else batch_utils.batch_space(single_metadata_space, 1))
         self._in_bridge = False
 
-    @property
-    def backend(self) -> Any:
-        return self.single_space.backend
-
-    @property
-    def device(self) -> Any:
-        return self.single_space.device
+    backend: Any = forwarded("single_space.backend", "The compute backend of the samples (their space's).")
+    device: Any = forwarded("single_space.device", "The device of the samples (their space's).")
 
     @abstractmethod
     def __len__(self) -> int:

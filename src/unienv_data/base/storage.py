@@ -17,6 +17,7 @@ from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset
+from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
 from .ring import runs_overlap, subtract_run
 from .segments import SegmentLog
@@ -92,13 +93,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         raise NotImplementedError(f"{cls.__name__} does not implement load_from()")
 
     # ------------------------------------------------------------------ properties
-    @property
-    def backend(self) -> Any:
-        return self.single_instance_space.backend
-
-    @property
-    def device(self) -> Any:
-        return self.single_instance_space.device
+    backend: Any = forwarded("single_instance_space.backend", "The compute backend of the elements (their space's).")
+    device: Any = forwarded("single_instance_space.device", "The device of the elements (their space's).")
 
     @property
     @abstractmethod

@@ -13,6 +13,7 @@ from unienv_interface.space import Space
 from .errors import StorageFormatError, StorageNotFoundError
 from .files import (PathLike, atomic_write_json, check_format_version, check_no_interrupted_dump, confined_path,
                     dump_transaction, read_json, require_fields)
+from .forwarding import forwarded
 from .registry import resolve_storage_class
 from .segment_writer import MappedSegmentWriter, SegmentWriter
 from .segments import SegmentLog
@@ -161,28 +162,14 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """This storage's directory when the inner storage is backed by a file, else None."""
         return self._cache_filename if self.inner_storage.cache_filename is not None else None
 
-    @property
-    def is_mutable(self) -> bool:
-        return self.inner_storage.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.inner_storage.is_multiprocessing_safe
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self.inner_storage.capacity
+    is_mutable: bool = forwarded("inner_storage.is_mutable")
+    is_multiprocessing_safe: bool = forwarded("inner_storage.is_multiprocessing_safe")
+    capacity: Optional[int] = forwarded("inner_storage.capacity")
+    has_open_segment: bool = forwarded("inner_storage.has_open_segment")
+    pending_segment_length: int = forwarded("inner_storage.pending_segment_length")
 
     def __len__(self) -> int:
         return len(self.inner_storage)
-
-    @property
-    def has_open_segment(self) -> bool:
-        return self.inner_storage.has_open_segment
-
-    @property
-    def pending_segment_length(self) -> int:
-        return self.inner_storage.pending_segment_length
 
     def extend_length(self, length: int) -> None:
         self._check_open()

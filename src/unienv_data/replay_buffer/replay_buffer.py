@@ -41,6 +41,7 @@ from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
                                     creating_dataset, dump_transaction, encoded_json)
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -359,30 +360,18 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def capacity(self) -> Optional[int]:
         return self._st().capacity
 
-    @property
-    def count(self) -> int:
-        return self._state.count
-
-    @property
-    def offset(self) -> int:
-        return self._state.offset
+    count: int = forwarded("_state.count")
+    offset: int = forwarded("_state.offset")
+    total_written: int = forwarded(
+        "_state.total_written", "Rows ever written at the tail (never decreases except on `clear`; shared across "
+        "processes).")
+    is_multiprocessing_safe: bool = forwarded("multiprocessing")
+    maintain_segment_metadata: bool = forwarded(
+        "_maintain", "Whether the buffer keeps its own segment list (every extend, commit and ended episode is a "
+        "segment).")
 
     def __len__(self) -> int:
         return self._state.count
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.multiprocessing
-
-    @property
-    def maintain_segment_metadata(self) -> bool:
-        """Whether the buffer keeps its own segment list (every extend, commit and ended episode is a segment)."""
-        return self._maintain
-
-    @property
-    def total_written(self) -> int:
-        """Rows ever written at the tail (never decreases except on `clear`; shared across processes)."""
-        return self._state.total_written
 
     @property
     def segments_version(self) -> int:

@@ -234,9 +234,6 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Bytes of the rows in use."""
         return self._block.nbytes(self._length)
 
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
-
     # ------------------------------------------------------------------ backend conversion (subclasses)
     def _wrap(self, arr: np.ndarray) -> Any:
         """A backend array owning `arr` (a fresh NumPy array)."""

@@ -309,15 +309,6 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
     def cache_filename(self) -> Optional[str]:
         return self._dir
 
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        """True when opened read-only: readers in other processes then see the same files (several writing processes
-        would race on the metadata)."""
-        return self._read_only
-
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
-
     # ------------------------------------------------------------------ metadata
     @abstractmethod
     def _write_metadata(self) -> None:

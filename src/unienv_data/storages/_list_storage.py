@@ -151,9 +151,6 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def is_multiprocessing_safe(self) -> bool:
         return True
 
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
-
     @property
     def _dirty(self) -> bool:
         return self._meta_dirty or self._segments.version != self._saved_log_version

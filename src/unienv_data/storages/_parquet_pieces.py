@@ -78,19 +78,12 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
         return self._dir
 
     @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._read_only
-
-    @property
     def piece_size(self) -> int:
         return self._piece_size
 
     @property
     def compression(self) -> Any:
         return self._compression
-
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     @property
     def _dirty_meta(self) -> bool:

@@ -259,10 +259,6 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         return self._path
 
     @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._read_only
-
-    @property
     def reduce_io(self) -> bool:
         return self._reduce_io
 
@@ -270,9 +266,6 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
     def memory_mapped_keys(self) -> List[str]:
         """The leaves read and written through a memory map (contiguous datasets of a file on disk)."""
         return [c.leaf.name for c in self._columns() if c.arr is not None]
-
-    def _segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     @property
     def _dirty(self) -> bool:

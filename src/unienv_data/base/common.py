@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import EllipsisType
-from typing import Any, Generic, Iterator, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -56,31 +56,28 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __len__(self) -> int:
         """Number of samples."""
 
-    def _bridge_guard(self, name: str) -> None:
+    def _bridged(self, name: str, counterpart: Callable[[Any], Any], idx: Any) -> Any:
+        """`counterpart(idx)` for the default `name`; NotImplementedError when the subclass implements neither (the
+        counterpart's default would bridge back)."""
         if self._in_bridge:
             self._in_bridge = False
             raise NotImplementedError(f"{type(self).__name__} must implement {name} or its flattened counterpart")
+        self._in_bridge = True
+        try:
+            return counterpart(idx)
+        finally:
+            self._in_bridge = False
 
     def get_at(self, idx: Any) -> BatchT:
         """Sample(s) at `idx` (an int gives one sample, anything else a batch)."""
-        self._bridge_guard("get_at")
-        self._in_bridge = True
-        try:
-            flat = self.get_flattened_at(idx)
-        finally:
-            self._in_bridge = False
+        flat = self._bridged("get_at", self.get_flattened_at, idx)
         if is_single_index(idx):
             return flatten_utils.unflatten_data(self.single_space, flat)  # type: ignore[no-any-return]
         return flatten_utils.unflatten_data(self._batched_space, flat, start_dim=1)  # type: ignore[no-any-return]
 
     def get_flattened_at(self, idx: Any) -> Any:
         """Flat row(s) at `idx`."""
-        self._bridge_guard("get_flattened_at")
-        self._in_bridge = True
-        try:
-            data = self.get_at(idx)
-        finally:
-            self._in_bridge = False
+        data = self._bridged("get_flattened_at", self.get_at, idx)
         if is_single_index(idx):
             return flatten_utils.flatten_data(self.single_space, data)
         return flatten_utils.flatten_data(self._batched_space, data, start_dim=1)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.arguments import check_capacity
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
@@ -268,6 +269,9 @@ class LeafTreeWrites:
     _tree: LeafTree
 
     if TYPE_CHECKING:  # provided by the storage class (declared here for the type checker only)
+        @classmethod
+        def _make_tree(cls, space: Space) -> LeafTree: ...
+
         def _norm(self, index: Any) -> Any: ...
 
         def _write_leaves(self, norm: Any, leaves: Any) -> None: ...
@@ -279,6 +283,17 @@ class LeafTreeWrites:
         def _next_write_position(self) -> int: ...
 
         def _advance_segment(self) -> None: ...
+
+    @classmethod
+    def _check_load_args(cls, space: Space, capacity: Any, read_only: bool,
+                         multiprocessing: bool) -> Tuple[LeafTree, Optional[int]]:
+        """`(leaf tree of space, checked capacity argument)` for `load_from`; one writing process only."""
+        tree = cls._make_tree(space)
+        cap_arg = check_capacity(capacity)
+        if multiprocessing and not read_only:
+            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
+                             "reader processes, or multiprocessing=False to write it from this one")
+        return tree, cap_arg
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.leaf_storage import LeafStorage
@@ -73,17 +74,9 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
         return tree
 
     # ------------------------------------------------------------------ properties
-    @property
-    def cache_filename(self) -> Optional[str]:
-        return self._dir
-
-    @property
-    def piece_size(self) -> int:
-        return self._piece_size
-
-    @property
-    def compression(self) -> Any:
-        return self._compression
+    cache_filename: Optional[str] = forwarded("_dir")
+    piece_size: int = forwarded("_piece_size")
+    compression: Any = forwarded("_compression")
 
     @property
     def _dirty_meta(self) -> bool:

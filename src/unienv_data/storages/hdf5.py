@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from unienv_data.base.errors import StorageNotFoundError, StorageStateError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, is_durable
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -174,11 +175,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
                   read_only: bool = True, multiprocessing: bool = False, reduce_io: bool = True, use_mmap: bool = True,
                   **h5py_kwargs: Any) -> "HDF5Storage":
         """Opens an HDF5 file written by this library or by the reference, checking it against the space."""
-        tree = cls._make_tree(single_instance_space)
-        cap_arg = check_capacity(capacity)
-        if multiprocessing and not read_only:
-            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
-                             "reader processes, or multiprocessing=False to write it from this one")
+        tree, cap_arg = cls._check_load_args(single_instance_space, capacity, read_only, multiprocessing)
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise StorageNotFoundError(f"{cls.__name__} file not found: {path}")
@@ -254,13 +251,8 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         self._alloc = self._rows_in_file(f, self._tree)
 
     # ------------------------------------------------------------------ properties
-    @property
-    def cache_filename(self) -> Optional[str]:
-        return self._path
-
-    @property
-    def reduce_io(self) -> bool:
-        return self._reduce_io
+    cache_filename: Optional[str] = forwarded("_path")
+    reduce_io: bool = forwarded("_reduce_io")
 
     @property
     def memory_mapped_keys(self) -> List[str]:

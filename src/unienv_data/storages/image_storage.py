@@ -29,6 +29,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, atomic_write_json, read_json, require_fields
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -161,14 +162,8 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return st
 
     # ------------------------------------------------------------------ properties
-    @property
-    def format(self) -> str:
-        return self._fmt
-
-    @property
-    def is_exact(self) -> bool:
-        """Whether images read back bit-exactly (PNG, lossless WebP)."""
-        return self._exact
+    format: str = forwarded("_fmt")
+    is_exact: bool = forwarded("_exact", "Whether images read back bit-exactly (PNG, lossless WebP).")
 
     def _path(self, row: int) -> str:
         return os.path.join(self._dir, f"{row}.{self._ext}")

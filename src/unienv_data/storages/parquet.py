@@ -112,11 +112,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Opens a directory written by this library or by the reference, checking its columns against the space."""
         if kwargs:
             raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
-        tree = cls._make_tree(single_instance_space)
-        cap_arg = check_capacity(capacity)
-        if multiprocessing and not read_only:
-            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
-                             "reader processes")
+        tree, cap_arg = cls._check_load_args(single_instance_space, capacity, read_only, multiprocessing)
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise StorageNotFoundError(f"{cls.__name__} directory not found: {path}")

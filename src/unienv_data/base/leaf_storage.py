@@ -55,6 +55,23 @@ class LeafStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     def _segment_log(self) -> Optional[SegmentLog]:
         return self._segments
 
+    def close(self) -> None:
+        """Writes what a writable storage still holds in memory (`_persist_on_close`), then frees its files, maps and
+        handles (`_free`); later use raises StorageClosedError. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._persist_on_close()
+        finally:
+            self._closed = True
+            self._free()
+
+    def _persist_on_close(self) -> None:
+        """Hook: what `close` writes first (metadata, rows kept in memory); default nothing."""
+
+    def _free(self) -> None:
+        """Hook: what `close` frees last, even when writing failed; default nothing."""
+
     def _check_owner(self, what: str) -> None:
         """Raises when this process may not change the storage's length (default: it may)."""
 

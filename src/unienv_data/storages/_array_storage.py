@@ -527,20 +527,17 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             with open(tmp, "wb") as f:
                 write_rows(f, self._block.data[:self._length])   # no copy of the rows on the way
 
-    def close(self) -> None:
-        """Persists the metadata of a writable memory-mapped storage, then releases the rows. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._block.mode == MEMMAP and not self._read_only:
-                if self._capacity is None and self._block.alloc_rows != self._length:
-                    self._block.resize(self._length)    # drop the growth slack: the file holds exactly its rows
-                if self._dirty or is_durable():
-                    self.flush()
-        finally:
-            self._block.release()
-            self._closed = True
-            self._seg_clear_rows = 0   # composite appenders test only this counter on their fast path
+    def _persist_on_close(self) -> None:
+        """Persists the metadata of a writable memory-mapped storage; `close` then releases the rows."""
+        if self._block.mode == MEMMAP and not self._read_only:
+            if self._capacity is None and self._block.alloc_rows != self._length:
+                self._block.resize(self._length)    # drop the growth slack: the file holds exactly its rows
+            if self._dirty or is_durable():
+                self.flush()
+
+    def _free(self) -> None:
+        self._block.release()
+        self._seg_clear_rows = 0   # composite appenders test only this counter on their fast path
 
     def _release(self) -> None:
         block = getattr(self, "_block", None)

@@ -379,21 +379,15 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         meta["written"] = mask_to_runs(mask)
         atomic_write_json(os.path.join(path, self.metadata_file), meta)
 
-    def close(self) -> None:
-        """Writes the metadata of a writable storage if it changed; later use raises StorageClosedError."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
-                self.flush()
-        finally:
-            self._closed = True
+    def _persist_on_close(self) -> None:
+        """Writes the metadata of a writable storage if it changed (unless its directory is gone)."""
+        if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
+            self.flush()
 
     def _release(self) -> None:
         try:
-            if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
-                self.flush()
-        except Exception:
+            self._persist_on_close()
+        except Exception:  # noqa: BLE001 - garbage collection must not raise
             pass
 
     # ------------------------------------------------------------------ pickling

@@ -440,18 +440,15 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             self.flush()
         self._write_file(path)
 
-    def close(self) -> None:
-        """Flushes a writable storage, then closes the file; later use raises StorageClosedError. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._file is not None and self._pid == os.getpid() and not self._read_only and self._owner:
-                if self._path is not None and self._capacity is None and self._alloc != self._length:
-                    self._move_to_new_file(self._length)    # at rest the file describes exactly its rows
-                self.flush()
-        finally:
-            self._closed = True
-            self._drop_handle()
+    def _persist_on_close(self) -> None:
+        """Flushes a writable storage; `close` then closes the file."""
+        if self._file is not None and self._pid == os.getpid() and not self._read_only and self._owner:
+            if self._path is not None and self._capacity is None and self._alloc != self._length:
+                self._move_to_new_file(self._length)    # at rest the file describes exactly its rows
+            self.flush()
+
+    def _free(self) -> None:
+        self._drop_handle()
 
     def _drop_handle(self) -> None:
         f, self._file, self._cols, self._mmap = self._file, None, None, None  # the map closes with its last view

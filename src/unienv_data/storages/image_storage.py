@@ -378,15 +378,10 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             if r not in keep:
                 remove_quietly(os.path.join(target, f"{r}.{old_ext}"))
 
-    def close(self) -> None:
-        """Writes pending metadata (a still-open segment's rows included). Idempotent."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._dirty:
-                self._write_metadata()
-        finally:
-            self._closed = True
+    def _persist_on_close(self) -> None:
+        """Writes pending metadata (a still-open segment's rows included)."""
+        if not self._read_only and self._dirty:
+            self._write_metadata()
 
     # ------------------------------------------------------------------ pickling (reader processes)
     def __getstate__(self) -> Dict[str, Any]:

@@ -257,21 +257,17 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 os.unlink(os.path.join(path, name))
         atomic_write_json(os.path.join(path, METADATA_FILE), self._metadata(self._length))
 
-    def close(self) -> None:
-        """Flushes a writable storage (unless its directory is gone), then drops the decoded pieces. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
-                self.flush()
-        finally:
-            self._closed = True
-            self._cols = [None] * len(self._tree.leaves)
+    def _persist_on_close(self) -> None:
+        """Flushes a writable storage (unless its directory is gone); `close` then drops the decoded pieces."""
+        if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
+            self.flush()
+
+    def _free(self) -> None:
+        self._cols = [None] * len(self._tree.leaves)
 
     def _release(self) -> None:
         try:
-            if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
-                self.flush()
+            self._persist_on_close()
         except Exception:  # noqa: BLE001 - garbage collection must not raise
             pass
 

@@ -307,14 +307,13 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Checks `value` (shape, dtype, bounds) and writes it at `index`; on error nothing is written."""
         self._check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write(norm, self._conv.convert(value, lead))
+        self._write(norm, self._conv.convert(value, norm.lead()))
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`(n, flat_dim)` or `(flat_dim,)`), checked like `set`."""
         self._check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         arr, _weak = self._conv.to_numpy(value)
         width = int(np.prod(self._block.row_shape, dtype=np.int64))
         if tuple(arr.shape) != lead + (width,):
@@ -409,7 +408,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
         self._check_writable()
         norm = self._stage_index(index)
-        arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
+        arr = self._conv.convert(value, norm.lead())
         return partial(self._write, norm, arr)
 
     def _check_append_state(self) -> None:

@@ -27,8 +27,7 @@ class ColumnView(ParentView):
     def set(self, index: Any, value: Any) -> None:
         self._check_writable()
         norm = self._parent._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._parent._write_leaves(norm, self._tree.split(value, lead), self._which)
+        self._parent._write_leaves(norm, self._tree.split(value, norm.lead()), self._which)
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"parent": self._parent, "keys": self._keys}

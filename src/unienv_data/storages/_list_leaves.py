@@ -17,6 +17,7 @@ import numpy as np
 from unienv_data.base.arguments import check_capacity
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.values import LeafConverter
+from unienv_data.batches._tree import nested_dict
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 
@@ -211,13 +212,7 @@ class LeafTree:
         """A structured value (nested dicts in space order) from one array per leaf."""
         if not self.is_dict:
             return arrays[0]
-        out: Dict[str, Any] = {}
-        for leaf, arr in zip(self.leaves, arrays):
-            node = out
-            for p in leaf.path[:-1]:
-                node = node.setdefault(p, {})
-            node[leaf.path[-1]] = arr
-        return out
+        return nested_dict((leaf.path for leaf in self.leaves), arrays)
 
     def subtree(self, keys: Sequence[str]) -> Tuple[Space, List[int]]:
         """The space at a key path and the positions of its leaves in this tree (KeyError when absent)."""
@@ -299,8 +294,7 @@ class LeafTreeWrites:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
         self._check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_leaves(norm, self._tree.split(value, lead))
+        self._write_leaves(norm, self._tree.split(value, norm.lead()))
 
     def append(self, value: Any) -> None:
         """Checks the whole value first, then writes it at the open segment's next row (growable storages grow): a

@@ -249,8 +249,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Checks `value` (shape, dtype, bounds) and writes one file per row; on a check error nothing is written."""
         self._check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_rows(norm, self._conv.convert(value, lead))
+        self._write_rows(norm, self._conv.convert(value, norm.lead()))
 
     def _prepare_single(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)

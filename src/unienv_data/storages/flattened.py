@@ -246,7 +246,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         """Checks `value` against the space and writes it at `index`; on any error nothing is written."""
         self._check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         if self._fast and lead:
             arrs = self._plan.check_batch(value, lead)
             if arrs is not None:
@@ -258,7 +258,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         """Writes flat rows after checking that every leaf reads back to a valid value."""
         self._check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         rows = self.inner_storage._conv.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
         if tuple(rows.shape) != lead + (self._plan.width,):
             raise ValueError(f"expected flat rows of shape {lead + (self._plan.width,)}, got {tuple(rows.shape)}")
@@ -308,7 +308,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
         self._check_writable()
         norm = self._stage_index(index)
-        key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
+        key, lead = norm.numpy_key(), norm.lead()
         if not self._fast:
             return self.inner_storage._stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
         inner: Any = self.inner_storage

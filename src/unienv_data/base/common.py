@@ -222,21 +222,22 @@ class BatchSampler(BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType,
         for s in range(0, n, self.batch_size):
             yield perm[s:s + self.batch_size]
 
-    def epoch_iter(self) -> Iterator[Any]:
+    def _epoch_of(self, read: Callable[[Any], Any]) -> Iterator[Any]:
+        """`read(indices)` for every batch of one epoch (`_epoch_indices`)."""
         for idx in self._epoch_indices():
-            yield self.data.get_at(idx)
+            yield read(idx)
+
+    def epoch_iter(self) -> Iterator[Any]:
+        return self._epoch_of(self.data.get_at)
 
     def epoch_iter_with_metadata(self) -> Iterator[Tuple[Any, Optional[Any]]]:
-        for idx in self._epoch_indices():
-            yield self.data.get_at_with_metadata(idx)
+        return self._epoch_of(self.data.get_at_with_metadata)
 
     def epoch_flat_iter(self) -> Iterator[Any]:
-        for idx in self._epoch_indices():
-            yield self.data.get_flattened_at(idx)
+        return self._epoch_of(self.data.get_flattened_at)
 
     def epoch_flat_iter_with_metadata(self) -> Iterator[Tuple[Any, Optional[Any]]]:
-        for idx in self._epoch_indices():
-            yield self.data.get_flattened_at_with_metadata(idx)
+        return self._epoch_of(self.data.get_flattened_at_with_metadata)
 
     def __iter__(self) -> Iterator[Any]:
         return self.epoch_iter()

@@ -7,7 +7,8 @@ import inspect
 import os
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Generic, Iterator, List, Optional,
+                    Protocol, Tuple, TypeVar, Union)
 
 import numpy as np
 
@@ -27,6 +28,13 @@ if TYPE_CHECKING:
     from .segment_writer import SegmentWriter
 
 BatchT = TypeVar("BatchT")
+
+
+class _Durable(Protocol):
+    durable: bool
+
+
+_Owner = TypeVar("_Owner", bound=_Durable)
 
 #: Options of one storage's `create` / `load_from` that the reference's callers hand to *every* storage they open:
 #: its `ReplayBuffer.load_from(path, **storage_kwargs)` and its composite storages (dict, flattened, transformed,
@@ -195,14 +203,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         """Ends the block: an append-built segment still open is recorded (a normal exit) or dropped from the
         segments (the block raised: its rows may be torn), then `close()` commits the metadata and releases files."""
-        try:
-            if not self._closed and self.is_mutable and self.has_open_segment:
-                if exc_type is None:
-                    self.mark_segment_end()
-                else:
-                    self.abort_segment()
-        finally:
-            self.close()
+        close_after_block(self, exc_type, lambda: not self._closed and self.is_mutable and self.has_open_segment,
+                          self.abort_segment)
 
     # ------------------------------------------------------------------ durability (commit points)
     #: whether a commit point (a segment ended or committed) persists what changed at once (see `durable`)
@@ -222,18 +224,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         for child in self._child_storages():
             child.durable = value
 
-    @contextlib.contextmanager
-    def bulk(self) -> Iterator["SpaceStorage"]:
+    def bulk(self) -> ContextManager["SpaceStorage"]:
         """`with storage.bulk():` turns per-segment durability off for the block (a bulk load of many segments),
         then restores it and persists everything once (`flush()`), even when the block raises."""
-        before = self._durable
-        self.durable = False
-        try:
-            yield self
-        finally:
-            self.durable = before
-            if not self._closed:
-                self._persist_committed()
+        return suspended_durability(self, lambda: not self._closed, self._persist_committed)
 
     def _child_storages(self) -> List["SpaceStorage"]:
         """The storages this one writes through (composite storages); a durability setting reaches them too."""
@@ -580,6 +574,35 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             buffered, prepare = writer, self._prepare_single
             return writer, lambda value: partial(buffered.append_prepared, prepare(value))
         return writer, partial(_stage_raw_append, self, writer)
+
+
+@contextlib.contextmanager
+def suspended_durability(owner: _Owner, still_open: Callable[[], bool], persist: Callable[[], None]) -> Iterator[_Owner]:
+    """The `bulk()` block of a storage or buffer: `owner.durable` is False inside it, then restored, and `persist()`
+    writes everything once when `still_open()` (even when the block raised)."""
+    before = owner.durable
+    owner.durable = False
+    try:
+        yield owner
+    finally:
+        owner.durable = before
+        if still_open():
+            persist()
+
+
+def close_after_block(owner: Any, exc_type: Any, has_open_episode: Callable[[], bool],
+                      drop_episode: Callable[[], None]) -> None:
+    """The end of a `with` block over a storage or buffer: an episode still open is ended with
+    `owner.mark_segment_end()` on a normal exit or dropped with `drop_episode()` when the block raised (its rows may
+    be torn); then `owner.close()`, whatever happened."""
+    try:
+        if has_open_episode():
+            if exc_type is None:
+                owner.mark_segment_end()
+            else:
+                drop_episode()
+    finally:
+        owner.close()
 
 
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,10 +30,9 @@ each process adopts the shared count as the storage's length under the lock befo
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
+from typing import Any, ContextManager, Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
 
@@ -48,7 +47,7 @@ from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, ru
                                    run_inside, tail_write, window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.storage import SpaceStorage, close_after_block, suspended_durability
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.space import Space
@@ -910,18 +909,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if self.storage is not None and not self.multiprocessing:
             self.storage.durable = value
 
-    @contextlib.contextmanager
-    def bulk(self) -> Iterator["ReplayBuffer"]:
+    def bulk(self) -> ContextManager["ReplayBuffer"]:
         """`with buffer.bulk():` loads many episodes without persisting each one; on leaving the block (also on an
         exception) durability is restored and everything is persisted once (`flush()`)."""
-        before = self._durable
-        self.durable = False
-        try:
-            yield self
-        finally:
-            self.durable = before
-            if self.storage is not None:
-                self.flush()
+        return suspended_durability(self, lambda: self.storage is not None, self.flush)
 
     def flush(self) -> None:
         """A commit point now: the storage's files, then metadata.json (a no-op without a `cache_path` or for a
@@ -959,14 +950,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         """Closes the buffer, committing it. An episode still open is ended and kept on a normal exit; when the
         block raised, it is dropped (its rows leave the buffer), as a crash would drop it."""
-        try:
-            if self.storage is not None and self.is_mutable:
-                if exc_type is None:
-                    self.mark_segment_end()
-                else:
-                    self._drop_open_episode()
-        finally:
-            self.close()
+        close_after_block(self, exc_type, lambda: self.storage is not None and self.is_mutable,
+                          self._drop_open_episode)
 
     def __repr__(self) -> str:
         return describe_buffer(self)

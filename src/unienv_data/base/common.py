@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import EllipsisType
-from typing import Any, Generic, Iterator, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
+from .forwarding import forwarded
 from .hooks import upper_layer
 from .indexing import is_single_index, normalize_index
 
@@ -48,43 +49,35 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                                         else batch_utils.batch_space(single_metadata_space, 1))
         self._in_bridge = False
 
-    @property
-    def backend(self) -> Any:
-        return self.single_space.backend
-
-    @property
-    def device(self) -> Any:
-        return self.single_space.device
+    backend: Any = forwarded("single_space.backend", "The compute backend of the samples (their space's).")
+    device: Any = forwarded("single_space.device", "The device of the samples (their space's).")
 
     @abstractmethod
     def __len__(self) -> int:
         """Number of samples."""
 
-    def _bridge_guard(self, name: str) -> None:
+    def _bridged(self, name: str, counterpart: Callable[[Any], Any], idx: Any) -> Any:
+        """`counterpart(idx)` for the default `name`; NotImplementedError when the subclass implements neither (the
+        counterpart's default would bridge back)."""
         if self._in_bridge:
             self._in_bridge = False
             raise NotImplementedError(f"{type(self).__name__} must implement {name} or its flattened counterpart")
+        self._in_bridge = True
+        try:
+            return counterpart(idx)
+        finally:
+            self._in_bridge = False
 
     def get_at(self, idx: Any) -> BatchT:
         """Sample(s) at `idx` (an int gives one sample, anything else a batch)."""
-        self._bridge_guard("get_at")
-        self._in_bridge = True
-        try:
-            flat = self.get_flattened_at(idx)
-        finally:
-            self._in_bridge = False
+        flat = self._bridged("get_at", self.get_flattened_at, idx)
         if is_single_index(idx):
             return flatten_utils.unflatten_data(self.single_space, flat)  # type: ignore[no-any-return]
         return flatten_utils.unflatten_data(self._batched_space, flat, start_dim=1)  # type: ignore[no-any-return]
 
     def get_flattened_at(self, idx: Any) -> Any:
         """Flat row(s) at `idx`."""
-        self._bridge_guard("get_flattened_at")
-        self._in_bridge = True
-        try:
-            data = self.get_at(idx)
-        finally:
-            self._in_bridge = False
+        data = self._bridged("get_flattened_at", self.get_at, idx)
         if is_single_index(idx):
             return flatten_utils.flatten_data(self.single_space, data)
         return flatten_utils.flatten_data(self._batched_space, data, start_dim=1)
@@ -229,21 +222,22 @@ class BatchSampler(BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType,
         for s in range(0, n, self.batch_size):
             yield perm[s:s + self.batch_size]
 
-    def epoch_iter(self) -> Iterator[Any]:
+    def _epoch_of(self, read: Callable[[Any], Any]) -> Iterator[Any]:
+        """`read(indices)` for every batch of one epoch (`_epoch_indices`)."""
         for idx in self._epoch_indices():
-            yield self.data.get_at(idx)
+            yield read(idx)
+
+    def epoch_iter(self) -> Iterator[Any]:
+        return self._epoch_of(self.data.get_at)
 
     def epoch_iter_with_metadata(self) -> Iterator[Tuple[Any, Optional[Any]]]:
-        for idx in self._epoch_indices():
-            yield self.data.get_at_with_metadata(idx)
+        return self._epoch_of(self.data.get_at_with_metadata)
 
     def epoch_flat_iter(self) -> Iterator[Any]:
-        for idx in self._epoch_indices():
-            yield self.data.get_flattened_at(idx)
+        return self._epoch_of(self.data.get_flattened_at)
 
     def epoch_flat_iter_with_metadata(self) -> Iterator[Tuple[Any, Optional[Any]]]:
-        for idx in self._epoch_indices():
-            yield self.data.get_flattened_at_with_metadata(idx)
+        return self._epoch_of(self.data.get_flattened_at_with_metadata)
 
     def __iter__(self) -> Iterator[Any]:
         return self.epoch_iter()

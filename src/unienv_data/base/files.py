@@ -127,10 +127,7 @@ def atomic_write_json(path: PathLike, obj: Any, durable: Optional[bool] = None) 
         if durable or not _swap_into_place(tmp, path):
             os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_quietly(tmp)
         with _LAST_WRITTEN_LOCK:
             _LAST_WRITTEN.pop(key, None)
         raise
@@ -171,10 +168,7 @@ def _swap_into_place(tmp: str, path: str) -> bool:
     at_cwd = -100
     if _renameat2(at_cwd, os.fsencode(tmp), at_cwd, os.fsencode(path), _RENAME_EXCHANGE) != 0:
         return False        # ENOENT (nothing to replace yet), EINVAL / ENOSYS (not supported here), ...
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass                # a hidden leftover holding the old metadata: ignored by every reader
+    remove_quietly(tmp)     # a leftover would be hidden, holding the old metadata: ignored by every reader
     return True
 
 
@@ -218,13 +212,47 @@ def replacing_file(path: PathLike, durable: Optional[bool] = None) -> Iterator[s
                 os.close(fd)
         os.replace(tmp, final)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_quietly(tmp)
         raise
     if durable:
         fsync_dir(os.path.dirname(os.path.abspath(final)))
+
+
+def remove_quietly(path: Optional[PathLike]) -> None:
+    """Removes the file at `path`, if any; a file that is already gone (or cannot be removed) is fine."""
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """Whether `a` and `b` name the same file (by path when either cannot be inspected)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def link_or_copy(src: str, dst: str, tmp: Optional[str] = None) -> None:
+    """Makes `dst` a copy of `src` atomically (readers see the old `dst` or the whole new one): a hard link when the
+    file system allows it, else a copy, made under the temporary name `tmp` (default `temporary_path(dst)`) and
+    renamed over `dst`. Safe because storages never modify a data file in place (they replace it)."""
+    if os.path.exists(dst) and same_file(src, dst):
+        return  # already a link to the same file (rename() between two links of one file would do nothing)
+    tmp = temporary_path(dst) if tmp is None else tmp
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            import shutil
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.lexists(tmp):    # an error, or a rename between two links of one file (which keeps both)
+            remove_quietly(tmp)
 
 
 DUMP_MARKER_SUFFIX = ".dump-in-progress"

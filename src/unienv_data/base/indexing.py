@@ -9,7 +9,7 @@ Out-of-range entries raise IndexError naming the first offending position and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
@@ -37,6 +37,10 @@ class NormalizedIndex:
         if not (self.array is not None):
             raise RuntimeError("internal invariant violated: self.array is not None")
         return int(self.array.shape[0])
+
+    def lead(self) -> Tuple[int, ...]:
+        """The leading (batch) shape of a value for this index: `()` for one sample, else `(count,)`."""
+        return () if self.single is not None else (self.count(),)
 
     def positions(self) -> np.ndarray:
         """All addressed positions as an int64 array."""

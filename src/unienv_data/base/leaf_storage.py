@@ -1,10 +1,10 @@
 """`LeafStorage`: the skeleton of a storage that owns its rows (arrays, files, datasets).
 
-Every such storage keeps the same state: a capacity (a ring of that many rows, or None: growable), a length and a
-read-only flag. The skeleton answers the properties from that state and holds the one template of
-`extend_length` / `shrink_length`: check the storage is writable, do nothing on a fixed capacity, check the count,
-then call the storage's hook. A storage subclassing it sets `_capacity`, `_length` and `_read_only` in its
-constructor and, when it can grow, implements:
+Every such storage keeps the same state: a capacity (a ring of that many rows, or None: growable), a length, a
+read-only flag and its segment log. The skeleton answers the properties from that state and holds the one template
+of `extend_length` / `shrink_length`: check the storage is writable, do nothing on a fixed capacity, check the
+count, then call the storage's hook. A storage subclassing it sets `_capacity`, `_length`, `_read_only` and
+`_segments` in its constructor and, when it can grow, implements:
 
 * `_grow_rows(new_length)`: make rows `[len(self), new_length)` exist, reading as zeros (and set `_length`);
 * `_drop_rows(new_length)`: remove rows from `new_length` on (set `_length`, forget segments reaching past it -
@@ -21,16 +21,19 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 
 from .arguments import check_count
 from .common import BatchT
+from .segments import SegmentLog
 from .storage import SpaceStorage
 
 
 class LeafStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
-    """A `SpaceStorage` owning its rows: capacity, length and mutability from `_capacity`, `_length`, `_read_only`;
-    `extend_length` / `shrink_length` through the `_grow_rows` / `_drop_rows` hooks (see the module docstring)."""
+    """A `SpaceStorage` owning its rows: capacity, length, mutability and segments from `_capacity`, `_length`,
+    `_read_only`, `_segments`; `extend_length` / `shrink_length` through the `_grow_rows` / `_drop_rows` hooks (see
+    the module docstring)."""
 
     _capacity: Optional[int]
     _length: int
     _read_only: bool
+    _segments: SegmentLog
 
     @property
     def capacity(self) -> Optional[int]:
@@ -42,6 +45,32 @@ class LeafStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNG
     @property
     def is_mutable(self) -> bool:
         return not self._read_only
+
+    @property
+    def is_multiprocessing_safe(self) -> bool:
+        """True when opened read-only: readers in other processes then see the same files (several writing processes
+        would race on the metadata). Storages that share their rows otherwise say so themselves."""
+        return self._read_only
+
+    def segment_log(self) -> Optional[SegmentLog]:
+        return self._segments
+
+    def close(self) -> None:
+        """Writes what a writable storage still holds in memory (`_persist_on_close`), then frees its files, maps and
+        handles (`_free`); later use raises StorageClosedError. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._persist_on_close()
+        finally:
+            self._closed = True
+            self._free()
+
+    def _persist_on_close(self) -> None:
+        """Hook: what `close` writes first (metadata, rows kept in memory); default nothing."""
+
+    def _free(self) -> None:
+        """Hook: what `close` frees last, even when writing failed; default nothing."""
 
     def _check_owner(self, what: str) -> None:
         """Raises when this process may not change the storage's length (default: it may)."""

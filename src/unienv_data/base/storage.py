@@ -8,7 +8,8 @@ import os
 import weakref
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Generic, Iterator, List, Optional,
+                    Protocol, Tuple, TypeVar, Union)
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset
+from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
 from .ring import runs_overlap, subtract_run
 from .segments import SegmentLog
@@ -27,6 +29,13 @@ if TYPE_CHECKING:
     from .segment_writer import SegmentWriter
 
 BatchT = TypeVar("BatchT")
+
+
+class _Durable(Protocol):
+    durable: bool
+
+
+_Owner = TypeVar("_Owner", bound=_Durable)
 
 #: Options of one storage's `create` / `load_from` that the reference's callers hand to *every* storage they open:
 #: its `ReplayBuffer.load_from(path, **storage_kwargs)` and its composite storages (dict, flattened, transformed,
@@ -107,13 +116,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         raise NotImplementedError(f"{cls.__name__} does not implement load_from()")
 
     # ------------------------------------------------------------------ properties
-    @property
-    def backend(self) -> Any:
-        return self.single_instance_space.backend
-
-    @property
-    def device(self) -> Any:
-        return self.single_instance_space.device
+    backend: Any = forwarded("single_instance_space.backend", "The compute backend of the elements (their space's).")
+    device: Any = forwarded("single_instance_space.device", "The device of the elements (their space's).")
 
     @property
     @abstractmethod
@@ -215,14 +219,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         """Ends the block: an append-built segment still open is recorded (a normal exit) or dropped from the
         segments (the block raised: its rows may be torn), then `close()` commits the metadata and releases files."""
-        try:
-            if not self._closed and self.is_mutable and self.has_open_segment:
-                if exc_type is None:
-                    self.mark_segment_end()
-                else:
-                    self.abort_segment()
-        finally:
-            self.close()
+        close_after_block(self, exc_type, lambda: not self._closed and self.is_mutable and self.has_open_segment,
+                          self.abort_segment)
 
     # ------------------------------------------------------------------ durability (commit points)
     #: whether a commit point (a segment ended or committed) persists what changed at once (see `durable`)
@@ -242,18 +240,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         for child in self.child_storages():
             child.durable = value
 
-    @contextlib.contextmanager
-    def bulk(self) -> Iterator["SpaceStorage"]:
+    def bulk(self) -> ContextManager["SpaceStorage"]:
         """`with storage.bulk():` turns per-segment durability off for the block (a bulk load of many segments),
         then restores it and persists everything once (`flush()`), even when the block raises."""
-        before = self._durable
-        self.durable = False
-        try:
-            yield self
-        finally:
-            self.durable = before
-            if not self._closed:
-                self.persist_committed()
+        return suspended_durability(self, lambda: not self._closed, self.persist_committed)
 
     def child_storages(self) -> List["SpaceStorage"]:
         """The storages this one writes through (composite storages); a durability setting reaches them too."""
@@ -630,6 +620,33 @@ _WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
 def closed_error(storage: SpaceStorage) -> StorageClosedError:
     """The error using a closed storage raises (see `SpaceStorage._check_open`), naming the storage's type."""
     return StorageClosedError(f"{type(storage).__name__} is closed; reopen it with load_from()")
+@contextlib.contextmanager
+def suspended_durability(owner: _Owner, still_open: Callable[[], bool], persist: Callable[[], None]) -> Iterator[_Owner]:
+    """The `bulk()` block of a storage or buffer: `owner.durable` is False inside it, then restored, and `persist()`
+    writes everything once when `still_open()` (even when the block raised)."""
+    before = owner.durable
+    owner.durable = False
+    try:
+        yield owner
+    finally:
+        owner.durable = before
+        if still_open():
+            persist()
+
+
+def close_after_block(owner: Any, exc_type: Any, has_open_episode: Callable[[], bool],
+                      drop_episode: Callable[[], None]) -> None:
+    """The end of a `with` block over a storage or buffer: an episode still open is ended with
+    `owner.mark_segment_end()` on a normal exit or dropped with `drop_episode()` when the block raised (its rows may
+    be torn); then `owner.close()`, whatever happened."""
+    try:
+        if has_open_episode():
+            if exc_type is None:
+                owner.mark_segment_end()
+            else:
+                drop_episode()
+    finally:
+        owner.close()
 
 
 def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:

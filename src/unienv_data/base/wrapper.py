@@ -6,12 +6,30 @@ from __future__ import annotations
 from .common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
 
-from .files import PathLike, atomic_write_json, dump_transaction
+from unienv_interface.space import Space
+
+from .errors import StorageFormatError, StorageNotFoundError
+from .files import (PathLike, atomic_write_json, check_format_version, check_no_interrupted_dump, confined_path,
+                    dump_transaction, read_json, require_fields)
+from .forwarding import forwarded
+from .registry import resolve_storage_class
 from .segment_writer import MappedSegmentWriter, SegmentWriter
 from .segments import SegmentLog
 from .storage import SpaceStorage
+
+_W = TypeVar("_W", bound="WrappedStorage[Any, Any, Any, Any, Any]")
+
+
+class StoredWrapper(NamedTuple):
+    """What `WrappedStorage._open_stored` read from a wrapper's directory."""
+    path: str                               #: the directory
+    meta: Dict[str, Any]                    #: its metadata JSON
+    meta_path: str                          #: the metadata file (names it in errors)
+    inner_cls: Type[SpaceStorage]           #: the inner storage's class (resolved through the registry)
+    inner_full: str                         #: the inner storage's path, inside the directory
+    version: int                            #: the metadata's format version
 
 
 class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
@@ -26,9 +44,77 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     #: name of the metadata file written next to the inner storage (set by each subclass)
     metadata_file: str = ""
 
+    def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage,
+                 inner_storage_path: Union[str, PathLike], cache_filename: Optional[Union[str, PathLike]] = None) -> None:
+        if not isinstance(inner_storage, SpaceStorage):
+            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        super().__init__(single_instance_space)
+        self.inner_storage = inner_storage
+        self.inner_storage_path = inner_storage_path
+        self._cache_filename = cache_filename
+        self.owns_inner_storage = False
+
     def set_value_label(self, label: str) -> None:
         super().set_value_label(label)
         self.inner_storage.set_value_label(label)
+
+
+    # ------------------------------------------------------------------ construction (the one wrapper template)
+    @classmethod
+    def _adopt(cls: Type[_W], head: Tuple[Any, ...], inner: SpaceStorage, inner_path: Union[str, PathLike],
+               cache_filename: Optional[Union[str, PathLike]]) -> _W:
+        """`cls(*head, inner, inner_path, cache_filename=...)`, owning `inner` (closed again when that fails)."""
+        try:
+            st = cast(Any, cls)(*head, inner, inner_path, cache_filename=cache_filename)
+        except BaseException:
+            inner.close()
+            raise
+        st.owns_inner_storage = True
+        return cast(_W, st)
+
+    @classmethod
+    def _create_wrapped(cls: Type[_W], head: Tuple[Any, ...], inner_storage_cls: Type[SpaceStorage], inner_space: Space,
+                        args: Sequence[Any], kwargs: Dict[str, Any], *, capacity: Optional[int],
+                        cache_path: Optional[PathLike], multiprocessing: bool,
+                        inner_prefix: str = "inner_storage") -> _W:
+        """The `create` of every wrapper: `inner_storage_cls.create(inner_space, *args, capacity=..., cache_path=
+        <cache_path>/<inner_prefix><ext>, multiprocessing=..., **kwargs)`, wrapped as `cls(*head, inner, ...)`; with
+        `cache_path` the directory is created first and the metadata written at once."""
+        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
+            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
+        inner_path = inner_prefix + (inner_storage_cls.single_file_ext or "")
+        if cache_path is not None:
+            os.makedirs(cache_path, exist_ok=True)
+        inner = inner_storage_cls.create(
+            inner_space, *args, capacity=capacity,
+            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
+            multiprocessing=multiprocessing, **kwargs)
+        st = cls._adopt(head, inner, inner_path, cache_path)
+        if cache_path is not None:
+            st.write_metadata(cache_path)
+        return st
+
+    @classmethod
+    def _open_stored(cls, path: Union[str, PathLike], kind: str, fields: Sequence[str] = ()) -> StoredWrapper:
+        """The first half of every wrapper's `load_from`: reads and checks `<path>/<metadata_file>` (a directory with
+        no interrupted dump, a known format version, `storage_type == kind`, the inner storage's type and `fields`
+        present, the inner path inside the directory and not the directory itself)."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise StorageNotFoundError(f"{kind} directory not found: {path}")
+        meta_path = os.path.join(path, cls.metadata_file)
+        check_no_interrupted_dump(path, kind)
+        meta = read_json(meta_path, f"{kind} metadata")
+        version = check_format_version(meta, meta_path)
+        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", *fields), meta_path)
+        if meta["storage_type"] != kind:
+            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected {kind!r}")
+        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
+        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
+        if os.path.realpath(inner_full) == os.path.realpath(path):
+            raise StorageFormatError(f"{meta_path}: inner_storage_path {meta['inner_storage_path']!r} points at the "
+                                     "directory itself")
+        return StoredWrapper(path, meta, meta_path, inner_cls, inner_full, version)
 
     # ------------------------------------------------------------------ persistence (shared by every wrapper)
     def _metadata(self) -> Dict[str, Any]:
@@ -79,28 +165,14 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """This storage's directory when the inner storage is backed by a file, else None."""
         return self._cache_filename if self.inner_storage.cache_filename is not None else None
 
-    @property
-    def is_mutable(self) -> bool:
-        return self.inner_storage.is_mutable
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.inner_storage.is_multiprocessing_safe
-
-    @property
-    def capacity(self) -> Optional[int]:
-        return self.inner_storage.capacity
+    is_mutable: bool = forwarded("inner_storage.is_mutable")
+    is_multiprocessing_safe: bool = forwarded("inner_storage.is_multiprocessing_safe")
+    capacity: Optional[int] = forwarded("inner_storage.capacity")
+    has_open_segment: bool = forwarded("inner_storage.has_open_segment")
+    pending_segment_length: int = forwarded("inner_storage.pending_segment_length")
 
     def __len__(self) -> int:
         return len(self.inner_storage)
-
-    @property
-    def has_open_segment(self) -> bool:
-        return self.inner_storage.has_open_segment
-
-    @property
-    def pending_segment_length(self) -> int:
-        return self.inner_storage.pending_segment_length
 
     def extend_length(self, length: int) -> None:
         self._check_open()

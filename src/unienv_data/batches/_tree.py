@@ -6,7 +6,7 @@ and are converted to the leaf's own library (and device) before indexing.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -25,6 +25,17 @@ def map_leaves(data: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(data, list):
         return [map_leaves(v, fn) for v in data]
     return fn(data)
+
+
+def nested_dict(paths: Iterable[Sequence[Any]], values: Iterable[Any]) -> Dict[Any, Any]:
+    """The nested dict holding each of `values` at its key path in `paths` (same order)."""
+    root: Dict[Any, Any] = {}
+    for path, value in zip(paths, values):
+        node = root
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return root
 
 
 def zip_leaves(parts: Sequence[Any], fn: Callable[[List[Any]], Any]) -> Any:

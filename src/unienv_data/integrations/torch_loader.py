@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._tree import collate_to_torch, map_leaves
 from unienv_data.samplers._mp_packing import ALIGN, align, batch_layout, leaf_views, pack, unpack
-from unienv_data.samplers._mp_slots import close_mapping, map_slots, new_slot_path, unlink_quietly
+from unienv_data.base.files import remove_quietly
+from unienv_data.samplers._mp_slots import close_mapping, map_slots, new_slot_path
 
 #: Slot files mapped by this process: path -> (mapping, (n_slots, slot_bytes) view, free list or None).
 _MAPPED: Dict[str, Tuple[Any, np.ndarray, Optional[Deque[int]]]] = {}
@@ -198,7 +199,7 @@ class _SlotBatchSampler:
 def _close_slots(path: str) -> None:
     got = _MAPPED.pop(path, None)
     _IN_FLIGHT.pop(path, None)
-    unlink_quietly(path)
+    remove_quietly(path)
     if got is not None:
         close_mapping(got[0])
 

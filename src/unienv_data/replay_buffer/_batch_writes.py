@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from unienv_data.base.storage import SpaceStorage
+from unienv_data.batches._tree import map_leaves
 from unienv_interface.space.space_utils import batch_utils
 
 
@@ -66,8 +67,4 @@ def _check_only(storage: SpaceStorage, batch: Any) -> None:
 
 def _slice_leaves(value: Any, slc: slice) -> Any:
     """`value` with every array leaf sliced along its batch axis (structure and keys unchanged)."""
-    if isinstance(value, dict):
-        return {k: _slice_leaves(v, slc) for k, v in value.items()}
-    if isinstance(value, (tuple, list)) and not hasattr(value, "shape"):
-        return type(value)(_slice_leaves(v, slc) for v in value)
-    return value[slc]
+    return map_leaves(value, lambda leaf: leaf[slc])

@@ -38,6 +38,16 @@ _NO_LOCK = contextlib.nullcontext()
 LOCK_POLL_S = 0.5
 
 
+def _shared_counter(slot: int) -> Any:
+    """A read-write int property kept in slot `slot` of a `SharedState`'s shared array (every process sees it)."""
+    def get(self: "SharedState") -> int:
+        return int(self._arr[slot])
+
+    def put(self: "SharedState", value: int) -> None:
+        self._arr[slot] = value
+    return property(get, put)
+
+
 class LocalState:
     """count / offset / segments of a single-process buffer."""
 
@@ -112,37 +122,10 @@ class SharedState:
             self._arr[_HOLDER] = 0
             self._lock.release()
 
-    @property
-    def count(self) -> int:
-        return int(self._arr[_COUNT])
-
-    @count.setter
-    def count(self, v: int) -> None:
-        self._arr[_COUNT] = v
-
-    @property
-    def offset(self) -> int:
-        return int(self._arr[_OFFSET])
-
-    @offset.setter
-    def offset(self, v: int) -> None:
-        self._arr[_OFFSET] = v
-
-    @property
-    def total_written(self) -> int:
-        return int(self._arr[_WRITTEN])
-
-    @total_written.setter
-    def total_written(self, v: int) -> None:
-        self._arr[_WRITTEN] = v
-
-    @property
-    def version(self) -> int:
-        return int(self._arr[_VERSION])
-
-    @version.setter
-    def version(self, v: int) -> None:
-        self._arr[_VERSION] = v
+    count: int = _shared_counter(_COUNT)
+    offset: int = _shared_counter(_OFFSET)
+    total_written: int = _shared_counter(_WRITTEN)
+    version: int = _shared_counter(_VERSION)
 
     def get_segments(self) -> Optional[List[Tuple[int, int]]]:
         if not self._keeps_segments:

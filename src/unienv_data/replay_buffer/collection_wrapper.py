@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.forwarding import forwarded
 from unienv_interface.env_base.env import Env, StepResult
 from unienv_interface.env_base.wrapper import Wrapper
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
@@ -117,15 +118,8 @@ class ReplayBufferCollectionWrapper(Wrapper):
         self._initialized = False
 
     # ------------------------------------------------------------------ public state
-    @property
-    def replay_buffers(self) -> List[ReplayBuffer]:
-        """The buffers being recorded into."""
-        return self._replay_buffers
-
-    @property
-    def replay_mode(self) -> str:
-        """`"shared"` or `"per_env"` (`"auto"` resolved)."""
-        return self._replay_mode
+    replay_buffers: List[ReplayBuffer] = forwarded("_replay_buffers", "The buffers being recorded into.")
+    replay_mode: str = forwarded("_replay_mode", '`"shared"` or `"per_env"` (`"auto"` resolved).')
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, *args: Any, mask: Optional[Any] = None, seed: Optional[int] = None,

@@ -30,9 +30,9 @@ each process adopts the shared count as the storage's length under the lock befo
 """
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
+import weakref
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
 
@@ -40,13 +40,14 @@ from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
                                     creating_dataset, dump_transaction, encoded_json, is_durable)
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
                                    run_inside, tail_write, window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
-from unienv_data.base.storage import SpaceStorage
+from unienv_data.base.storage import SpaceStorage, close_after_block, suspended_durability
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.space import Space
@@ -339,30 +340,18 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def capacity(self) -> Optional[int]:
         return self._st().capacity
 
-    @property
-    def count(self) -> int:
-        return self._state.count
-
-    @property
-    def offset(self) -> int:
-        return self._state.offset
+    count: int = forwarded("_state.count")
+    offset: int = forwarded("_state.offset")
+    total_written: int = forwarded(
+        "_state.total_written", "Rows ever written at the tail (never decreases except on `clear`; shared across "
+        "processes).")
+    is_multiprocessing_safe: bool = forwarded("multiprocessing")
+    maintain_segment_metadata: bool = forwarded(
+        "_maintain", "Whether the buffer keeps its own segment list (every extend, commit and ended episode is a "
+        "segment).")
 
     def __len__(self) -> int:
         return self._state.count
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self.multiprocessing
-
-    @property
-    def maintain_segment_metadata(self) -> bool:
-        """Whether the buffer keeps its own segment list (every extend, commit and ended episode is a segment)."""
-        return self._maintain
-
-    @property
-    def total_written(self) -> int:
-        """Rows ever written at the tail (never decreases except on `clear`; shared across processes)."""
-        return self._state.total_written
 
     @property
     def segments_version(self) -> int:
@@ -946,18 +935,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if self.storage is not None and not self.multiprocessing:
             self.storage.durable = value
 
-    @contextlib.contextmanager
-    def bulk(self) -> Iterator["ReplayBuffer"]:
+    def bulk(self) -> ContextManager["ReplayBuffer"]:
         """`with buffer.bulk():` loads many episodes without persisting each one; on leaving the block (also on an
         exception) durability is restored and everything is persisted once (`flush()`)."""
-        before = self._durable
-        self.durable = False
-        try:
-            yield self
-        finally:
-            self.durable = before
-            if self.storage is not None:
-                self.flush()
+        return suspended_durability(self, lambda: self.storage is not None, self.flush)
 
     def flush(self) -> None:
         """A commit point now: the storage's files, then metadata.json (a no-op without a `cache_path` or for a
@@ -995,14 +976,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         """Closes the buffer, committing it. An episode still open is ended and kept on a normal exit; when the
         block raised, it is dropped (its rows leave the buffer), as a crash would drop it."""
-        try:
-            if self.storage is not None and self.is_mutable:
-                if exc_type is None:
-                    self.mark_segment_end()
-                else:
-                    self._drop_open_episode()
-        finally:
-            self.close()
+        close_after_block(self, exc_type, lambda: self.storage is not None and self.is_mutable,
+                          self._drop_open_episode)
 
     def __repr__(self) -> str:
         return describe_buffer(self, self._stored_storage)

@@ -14,7 +14,9 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from ._mp_slots import close_mapping, map_slots, new_slot_path, unlink_quietly
+from unienv_data.base.files import remove_quietly
+
+from ._mp_slots import close_mapping, map_slots, new_slot_path
 from ._mp_worker import Carrier, worker_main
 
 
@@ -56,7 +58,7 @@ class WorkerPool:
 
     def unlink_slot_file(self) -> None:
         """Removes the slot file's name (every worker has mapped it, or the pool is shutting down)."""
-        unlink_quietly(self.shm_path)
+        remove_quietly(self.shm_path)
         self.shm_path = None
 
     def shutdown(self, timeout: float = 5.0) -> None:

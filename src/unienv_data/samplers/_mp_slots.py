@@ -110,14 +110,4 @@ def close_mapping(mm: Optional[mmap.mmap]) -> None:
         pass
 
 
-def unlink_quietly(path: Optional[str]) -> None:
-    """Removes the file at `path`, if any; a file that is already gone is fine."""
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-__all__ = ["slot_size", "new_slot_path", "map_slots", "close_mapping", "unlink_quietly"]
+__all__ = ["slot_size", "new_slot_path", "map_slots", "close_mapping"]

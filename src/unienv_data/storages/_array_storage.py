@@ -244,9 +244,6 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Bytes of the rows in use."""
         return self._block.nbytes(self._length)
 
-    def segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
-
     # ------------------------------------------------------------------ backend conversion (subclasses)
     def _wrap(self, arr: np.ndarray) -> Any:
         """A backend array owning `arr` (a fresh NumPy array)."""
@@ -335,14 +332,13 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Checks `value` (shape, dtype, bounds) and writes it at `index`; on error nothing is written."""
         self.check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write(norm, self._conv.convert(value, lead))
+        self._write(norm, self._conv.convert(value, norm.lead()))
 
     def set_flattened(self, index: Any, value: Any) -> None:
         """Writes flat rows (`(n, flat_dim)` or `(flat_dim,)`), checked like `set`."""
         self.check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         arr, _weak = self._conv.to_numpy(value)
         width = int(np.prod(self._block.row_shape, dtype=np.int64))
         if tuple(arr.shape) != lead + (width,):
@@ -440,7 +436,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Checks and converts `value` for `set(index, ...)` now; the returned write only copies the rows."""
         self.check_writable()
         norm = self._stage_index(index)
-        arr = self._conv.convert(value, () if norm.single is not None else (norm.count(),))
+        arr = self._conv.convert(value, norm.lead())
         return partial(self._write, norm, arr)
 
     def check_append_state(self) -> None:
@@ -564,20 +560,17 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             with open(tmp, "wb") as f:
                 write_rows(f, self._block.data[:self._length])   # no copy of the rows on the way
 
-    def close(self) -> None:
-        """Persists the metadata of a writable memory-mapped storage, then releases the rows. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._block.mode == MEMMAP and not self._read_only:
-                if self._capacity is None and self._block.alloc_rows != self._length:
-                    self._block.resize(self._length)    # drop the growth slack: the file holds exactly its rows
-                if self._dirty or is_durable():
-                    self.flush()
-        finally:
-            self._block.release()
-            self._closed = True
-            self._seg_clear_rows = 0   # composite appenders test only this counter on their fast path
+    def _persist_on_close(self) -> None:
+        """Persists the metadata of a writable memory-mapped storage; `close` then releases the rows."""
+        if self._block.mode == MEMMAP and not self._read_only:
+            if self._capacity is None and self._block.alloc_rows != self._length:
+                self._block.resize(self._length)    # drop the growth slack: the file holds exactly its rows
+            if self._dirty or is_durable():
+                self.flush()
+
+    def _free(self) -> None:
+        self._block.release()
+        self._seg_clear_rows = 0   # composite appenders test only this counter on their fast path
 
     def _release(self) -> None:
         block = getattr(self, "_block", None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
-import shutil
 import threading
 import uuid
 from abc import abstractmethod
@@ -22,7 +21,8 @@ import numpy as np
 
 from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed
+from unienv_data.base.files import (PathLike, check_format_version, link_or_copy, read_json, remove_quietly,
+                                    same_file)
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.ring import ring_rows
@@ -31,7 +31,7 @@ from unienv_data.base.leaf_storage import LeafStorage
 from unienv_data.base.values import LeafConverter
 from unienv_interface.space import BoxSpace, Space
 
-from ._list_helpers import MAX_MASK_ROWS
+from ._list_helpers import MAX_MASK_ROWS, prepare_new_directory
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -91,24 +91,6 @@ def reject_extra_args(user: str, args: Sequence[Any], kwargs: Dict[str, Any]) ->
 
 
 # ---------------------------------------------------------------------------------------------------- files
-def prepare_new_directory(path: Any, user: str) -> str:
-    """Creates the directory a new storage lives in; an existing non-empty directory is refused, so a new storage
-    never silently picks up old files."""
-    if path is None:
-        raise ValueError(f"{user} keeps its files in a directory: cache_path is required")
-    path = os.fspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise FileExistsError(f"{user}: cache_path {path} exists and is not a directory")
-        if os.listdir(path) and replacing_allowed():
-            shutil.rmtree(path)         # create(..., overwrite=True): the old storage's files go
-        elif os.listdir(path):
-            raise FileExistsError(f"{user}: cache_path {path} is not empty; choose a new directory (a new storage "
-                                  "never reuses old files)")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def temp_file_path(directory: str, ext: str) -> str:
     """A fresh hidden temporary file name inside `directory` (ignored by loads)."""
     return os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}.tmp.{ext}")
@@ -118,41 +100,11 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def remove_quietly(path: Optional[str]) -> None:
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def place_copy(src: str, dst: str) -> None:
-    """Makes `dst` a copy of `src` atomically (readers see the old `dst` or the whole new one): a hard link when the
-    file system allows it (files are never modified in place, so the link never sees a later change), else a copy,
-    each made under a temporary name and renamed over `dst`."""
-    if os.path.exists(dst) and same_file(src, dst):
-        return  # already a link to the same immutable file
-    directory = os.path.dirname(os.path.abspath(dst))
+    """Makes `dst` a copy of `src` atomically (`link_or_copy`), under a temporary name that loads ignore and clean
+    up (`temp_file_path`)."""
     ext = dst.rsplit(".", 1)[-1] if "." in os.path.basename(dst) else "bin"
-    tmp = temp_file_path(directory, ext)
-    try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        # rename() between two links of one file does nothing and keeps both names
-        if os.path.lexists(tmp):
-            remove_quietly(tmp)
-
-
-def same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
+    link_or_copy(src, dst, temp_file_path(os.path.dirname(os.path.abspath(dst)), ext))
 
 
 # ---------------------------------------------------------------------------------------------------- IO pool
@@ -348,15 +300,6 @@ class FileRowStorage(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BR
     @property
     def cache_filename(self) -> Optional[str]:
         return self._dir
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        """True when opened read-only: readers in other processes then see the same files (several writing processes
-        would race on the metadata)."""
-        return self._read_only
-
-    def segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     # ------------------------------------------------------------------ metadata
     @abstractmethod

@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 import struct
 from itertools import count
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -61,25 +61,20 @@ _STRUCT_CODES = {("f", 2): "e", ("f", 4): "f", ("f", 8): "d", ("i", 1): "b", ("i
                  ("i", 8): "q", ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q"}
 
 
-class CompiledCodec:
+class CompiledCodec(NamedTuple):
     """The generated functions of one plan (all None where the plan's space does not qualify: see `compile_codec`)."""
 
-    __slots__ = ("make_append", "pack_into", "unpack_batch", "unpack_view", "copies_all", "source")
-
-    def __init__(self, make_append: Optional[AppendFactory], pack_into: Optional[Packer],
-                 unpack_batch: Optional[Unpacker], copies_all: bool, source: str,
-                 unpack_view: Optional[Unpacker] = None) -> None:
-        self.make_append = make_append
-        self.pack_into = pack_into
-        self.unpack_batch = unpack_batch
-        #: every leaf of `unpack_batch` is a new array (all are cast from the row dtype), so it may read a view of
-        #: the storage's rows directly
-        self.copies_all = copies_all
-        #: `unpack_view(rows)`: like `unpack_batch`, but `rows` may be a view of the storage's rows: every leaf is a
-        #: new array (leaves in the row dtype are copied column by column, the others are cast), so a contiguous
-        #: read copies only each leaf's own columns, never whole rows first
-        self.unpack_view = unpack_view
-        self.source = source
+    make_append: Optional[AppendFactory]
+    pack_into: Optional[Packer]
+    unpack_batch: Optional[Unpacker]
+    #: every leaf of `unpack_batch` is a new array (all are cast from the row dtype), so it may read a view of the
+    #: storage's rows directly
+    copies_all: bool
+    source: str
+    #: `unpack_view(rows)`: like `unpack_batch`, but `rows` may be a view of the storage's rows: every leaf is a new
+    #: array (leaves in the row dtype are copied column by column, the others are cast), so a contiguous read copies
+    #: only each leaf's own columns, never whole rows first
+    unpack_view: Optional[Unpacker] = None
 
 
 def _short_path(plan: "FlatRowPlan", lf: "_Leaf") -> bool:

@@ -1,15 +1,18 @@
 """Small helpers the file-format storages share (re-exported by `_list_storage`): optional imports with an error
-naming the extra, capacity and count checks, atomic file replacement, hard-link-or-copy, written-row runs."""
+naming the extra, capacity and count checks, new storage directories, numbered files in a directory, atomic file
+replacement, hard-link-or-copy (from `base.files`), written-row runs."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List
+import re
+import shutil
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import replacing_file, temporary_path
+from unienv_data.base.files import link_or_copy, replacing_allowed, replacing_file
 
 
 def require_module(module: str, extra: str, who: str) -> Any:
@@ -23,25 +26,37 @@ def replace_file(write: Callable[[str], None], final: str) -> None:
         write(tmp)
 
 
-def link_or_copy(src: str, dst: str) -> None:
-    """Places a copy of `src` at `dst` (replacing it): a hard link when the file system allows, else a copy.
-    Safe because storages never modify a file in place (they replace it)."""
-    if os.path.exists(dst) and os.path.samefile(src, dst):
-        return  # already a link to the same file (rename() between two links of one file would do nothing)
-    tmp = temporary_path(dst)
+def prepare_new_directory(path: Any, user: str) -> str:
+    """Creates the directory a new storage lives in; an existing non-empty directory is refused, so a new storage
+    never silently picks up old files."""
+    if path is None:
+        raise ValueError(f"{user} keeps its files in a directory: cache_path is required")
+    path = os.fspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise FileExistsError(f"{user}: cache_path {path} exists and is not a directory")
+        if os.listdir(path) and replacing_allowed():
+            shutil.rmtree(path)         # create(..., overwrite=True): the old storage's files go
+        elif os.listdir(path):
+            raise FileExistsError(f"{user}: cache_path {path} is not empty; choose a new directory (a new storage "
+                                  "never reuses old files)")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def numbered_files(directory: str, pattern: "re.Pattern[str]", ext: Optional[str] = None) -> Dict[int, str]:
+    """`{number: name}` of the files in `directory` whose names `pattern` matches (group 1: the number; with `ext`,
+    group 2 must equal it). A directory that does not exist holds none."""
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            import shutil
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return {}
+    out: Dict[int, str] = {}
+    for name in names:
+        m = pattern.match(name)
+        if m and (ext is None or m.group(2) == ext):
+            out[int(m.group(1))] = name
+    return out
 
 
 def mask_to_runs(mask: np.ndarray) -> List[List[int]]:

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.arguments import check_capacity
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.values import LeafConverter
+from unienv_data.batches._tree import nested_dict
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 
@@ -210,13 +212,7 @@ class LeafTree:
         """A structured value (nested dicts in space order) from one array per leaf."""
         if not self.is_dict:
             return arrays[0]
-        out: Dict[str, Any] = {}
-        for leaf, arr in zip(self.leaves, arrays):
-            node = out
-            for p in leaf.path[:-1]:
-                node = node.setdefault(p, {})
-            node[leaf.path[-1]] = arr
-        return out
+        return nested_dict((leaf.path for leaf in self.leaves), arrays)
 
     def subtree(self, keys: Sequence[str]) -> Tuple[Space, List[int]]:
         """The space at a key path and the positions of its leaves in this tree (KeyError when absent)."""
@@ -269,6 +265,9 @@ class LeafTreeWrites:
     _tree: LeafTree
 
     if TYPE_CHECKING:  # provided by the storage class (declared here for the type checker only)
+        @classmethod
+        def _make_tree(cls, space: Space) -> LeafTree: ...
+
         def _norm(self, index: Any) -> Any: ...
 
         def _read_leaves(self, norm: Any, which: Optional[Sequence[int]] = None) -> List[Any]: ...
@@ -298,13 +297,22 @@ class LeafTreeWrites:
         norm = self._norm(index)
         lead = () if norm.single is not None else (norm.count(),)
         self._write_leaves(norm, tree.split(value, lead), which)
+    @classmethod
+    def _check_load_args(cls, space: Space, capacity: Any, read_only: bool,
+                         multiprocessing: bool) -> Tuple[LeafTree, Optional[int]]:
+        """`(leaf tree of space, checked capacity argument)` for `load_from`; one writing process only."""
+        tree = cls._make_tree(space)
+        cap_arg = check_capacity(capacity)
+        if multiprocessing and not read_only:
+            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
+                             "reader processes, or multiprocessing=False to write it from this one")
+        return tree, cap_arg
 
     def set(self, index: Any, value: Any) -> None:
         """Checks the whole value (keys, shapes, dtypes, bounds), then writes every leaf; on error nothing changes."""
         self.check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_leaves(norm, self._tree.split(value, lead))
+        self._write_leaves(norm, self._tree.split(value, norm.lead()))
 
     def append(self, value: Any) -> None:
         """Checks the whole value first, then writes it at the open segment's next row (growable storages grow): a

@@ -40,8 +40,8 @@ from unienv_data.base.leaf_storage import LeafStorage
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 
 from ._io_pool import map_io
-from ._list_helpers import (_contiguous, check_capacity, check_count, link_or_copy, mask_to_runs, replace_file,
-                            require_module, runs_to_mask)
+from ._list_helpers import (_contiguous, check_capacity, check_count, link_or_copy, mask_to_runs, numbered_files,
+                            replace_file, require_module, runs_to_mask)
 from ._list_leaves import Leaf, LeafTree, ValueConverter, check_stored_space, describe_leaf
 
 
@@ -99,20 +99,6 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     # ------------------------------------------------------------------ shared construction
     @classmethod
-    def _prepare_directory(cls, cache_path: Optional[PathLike]) -> str:
-        if cache_path is None:
-            raise ValueError(f"{cls.__name__} keeps one file per row: pass cache_path=<a new or empty directory>")
-        path = os.fspath(cache_path)
-        if os.path.exists(path):
-            if not os.path.isdir(path):
-                raise FileExistsError(f"{cls.__name__}: {path} exists and is not a directory")
-            if os.listdir(path):
-                raise FileExistsError(f"{cls.__name__}: {path} already holds files; pass a new or empty directory "
-                                      "(or open the existing storage with load_from)")
-        os.makedirs(path, exist_ok=True)
-        return path
-
-    @classmethod
     def _read_metadata(cls, path: PathLike, single_instance_space: Space, capacity: Optional[int],
                        missing_ok: bool) -> Dict[str, Any]:
         """Reads and checks the metadata; returns the constructor arguments it determines."""
@@ -164,9 +150,6 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     @property
     def is_multiprocessing_safe(self) -> bool:
         return True
-
-    def segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     @property
     def _dirty(self) -> bool:
@@ -266,8 +249,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Checks `value` (shape, dtype, bounds) and writes one file per row; on a check error nothing is written."""
         self.check_writable()
         norm = self._norm(index)
-        lead = () if norm.single is not None else (norm.count(),)
-        self._write_rows(norm, self._conv.convert(value, lead))
+        self._write_rows(norm, self._conv.convert(value, norm.lead()))
 
     def prepare_element(self, value: Any) -> Any:
         return np.array(self._conv.convert_single(value), copy=True)
@@ -297,16 +279,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         map_io(rm, list(rows))
 
     def _row_files(self, directory: str) -> Dict[int, str]:
-        out: Dict[int, str] = {}
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return out
-        for name in names:
-            m = _ROW_FILE.match(name)
-            if m and m.group(2) == self.file_ext:
-                out[int(m.group(1))] = name
-        return out
+        return numbered_files(directory, _ROW_FILE, self.file_ext)
 
     def _grow_rows(self, new_length: int) -> None:
         self._grow_to(new_length, False)
@@ -405,21 +378,15 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         meta["written"] = mask_to_runs(mask)
         atomic_write_json(os.path.join(path, self.metadata_file), meta)
 
-    def close(self) -> None:
-        """Writes the metadata of a writable storage if it changed; later use raises StorageClosedError."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
-                self.flush()
-        finally:
-            self._closed = True
+    def _persist_on_close(self) -> None:
+        """Writes the metadata of a writable storage if it changed (unless its directory is gone)."""
+        if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
+            self.flush()
 
     def _release(self) -> None:
         try:
-            if not self._read_only and self._owner and self._dirty and os.path.isdir(self._dir):
-                self.flush()
-        except Exception:
+            self._persist_on_close()
+        except Exception:  # noqa: BLE001 - garbage collection must not raise
             pass
 
     # ------------------------------------------------------------------ pickling

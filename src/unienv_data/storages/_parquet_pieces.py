@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError, StorageStateError
+from unienv_data.base.files import link_or_copy
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.leaf_storage import LeafStorage
@@ -18,7 +20,8 @@ from unienv_interface.space import Space
 
 from ._io_pool import map_io
 from ._list_leaves import LeafTreeWrites
-from ._list_storage import LeafTree, link_or_copy, replace_file
+from ._list_helpers import numbered_files
+from ._list_storage import LeafTree, replace_file
 from ._parquet_format import (_PIECE, DEFAULT_KEY, _arrow_type, _encode_piece, _n_pieces, _pa, _pq,
                               piece_filename)
 
@@ -91,24 +94,9 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
         return tree
 
     # ------------------------------------------------------------------ properties
-    @property
-    def cache_filename(self) -> Optional[str]:
-        return self._dir
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._read_only
-
-    @property
-    def piece_size(self) -> int:
-        return self._piece_size
-
-    @property
-    def compression(self) -> Any:
-        return self._compression
-
-    def segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
+    cache_filename: Optional[str] = forwarded("_dir")
+    piece_size: int = forwarded("_piece_size")
+    compression: Any = forwarded("_compression")
 
     @property
     def _dirty_meta(self) -> bool:
@@ -257,13 +245,4 @@ class ParquetPieces(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType,
                      os.path.join(self._dir, piece_filename(piece)))
 
     def _piece_files(self, directory: str) -> Dict[int, str]:
-        out: Dict[int, str] = {}
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return out
-        for name in names:
-            m = _PIECE.match(name)
-            if m:
-                out[int(m.group(1))] = name
-        return out
+        return numbered_files(directory, _PIECE)

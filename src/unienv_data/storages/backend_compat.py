@@ -8,10 +8,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, PathLike, check_format_version,
-                                    confined_path, read_json, require_fields)
-from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import FORMAT_VERSION, PathLike
+from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.wrapper import ValueMappingStorage
 from unienv_interface.backends.resolve import resolve_backend
@@ -85,24 +84,14 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
 
     metadata_file = METADATA_FILE
 
-    single_file_ext: Optional[str] = None
-
     def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
                  cache_filename: Optional[Union[str, PathLike]] = None) -> None:
-        if not isinstance(single_instance_space, Space):
-            raise TypeError(f"single_instance_space must be a Space, got {type(single_instance_space).__name__}")
-        if not isinstance(inner_storage, SpaceStorage):
-            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        super().__init__(single_instance_space, inner_storage, inner_storage_path, cache_filename)
         inner_space = inner_storage.single_instance_space
         expected = _inner_space(single_instance_space, inner_space.backend, inner_space.device)
         if expected != inner_space:
             raise ValueError(f"the inner storage holds {inner_space!r}, which is not the space on backend "
                              f"{inner_space.backend}: expected {expected!r}")
-        super().__init__(single_instance_space)
-        self.inner_storage = inner_storage
-        self.inner_storage_path = inner_storage_path
-        self._cache_filename = cache_filename
-        self.owns_inner_storage = False
         self.inner_backend = inner_space.backend
         self.inner_device = inner_space.device
         outer = single_instance_space.backend
@@ -122,50 +111,20 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
         ToBackendOrDeviceStorage (see the class docstring). With `cache_path` the directory and its metadata are
         written at once, so it can be reopened with `load_from(cache_path, space)`.
         """
-        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
-            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
         if not isinstance(single_instance_space, Space):
             raise TypeError(f"single_instance_space must be a Space, got {type(single_instance_space).__name__}")
         inner_space = _inner_space(single_instance_space, _backend_arg(backend), device)
-        inner_path = INNER_PREFIX + (inner_storage_cls.single_file_ext or "")
-        if cache_path is not None:
-            os.makedirs(cache_path, exist_ok=True)
-        inner = inner_storage_cls.create(
-            inner_space, *args, capacity=capacity,
-            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
-            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
-        try:
-            st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
-        except BaseException:
-            inner.close()
-            raise
-        st.owns_inner_storage = True
-        if cache_path is not None:
-            st.write_metadata(cache_path)
-        return st
+        return cls._create_wrapped((single_instance_space,), inner_storage_cls, inner_space, args,
+                                   {**kwargs, **inner_storage_kwargs}, capacity=capacity, cache_path=cache_path,
+                                   multiprocessing=multiprocessing, inner_prefix=INNER_PREFIX)
 
     @classmethod
     def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
                   read_only: bool = True, multiprocessing: bool = False, **kwargs: Any) -> "ToBackendOrDeviceStorage":
         """Opens a directory written by `dumps` (this library's or the reference's). The inner backend and device
         come from the metadata; extra kwargs go to the inner storage's `load_from`."""
-        path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise StorageNotFoundError(f"ToBackendOrDeviceStorage directory not found: {path}")
-        meta_path = os.path.join(path, METADATA_FILE)
-        check_no_interrupted_dump(path, "ToBackendOrDeviceStorage")
-        meta = read_json(meta_path, "ToBackendOrDeviceStorage metadata")
-        check_format_version(meta, meta_path)
-        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", "inner_backend",
-                              "inner_device"), meta_path)
-        if meta["storage_type"] != "ToBackendOrDeviceStorage":
-            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, "
-                                     "expected 'ToBackendOrDeviceStorage'")
-        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
-        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
-        if os.path.realpath(inner_full) == os.path.realpath(path):
-            raise StorageFormatError(f"{meta_path}: inner_storage_path {meta['inner_storage_path']!r} points at the "
-                                     "directory itself")
+        path, meta, meta_path, inner_cls, inner_full, _version = cls._open_stored(
+            path, "ToBackendOrDeviceStorage", ("inner_backend", "inner_device"))
         if not isinstance(meta["inner_backend"], str):
             raise StorageFormatError(f"{meta_path}: inner_backend must be a backend name, got {meta['inner_backend']!r}")
         try:
@@ -191,14 +150,8 @@ class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceTy
             # the recorded inner backend is one the recorded inner storage class does not take: damaged metadata
             raise StorageFormatError(f"{meta_path}: inner_backend {meta['inner_backend']!r} does not fit the inner "
                                      f"storage {inner_cls.__name__} ({exc})") from None
-        try:
-            st = cls(single_instance_space, inner, meta["inner_storage_path"],
-                     cache_filename=path if inner.cache_filename is not None else None)
-        except BaseException:
-            inner.close()
-            raise
-        st.owns_inner_storage = True
-        return st
+        return cls._adopt((single_instance_space,), inner, meta["inner_storage_path"],
+                          path if inner.cache_filename is not None else None)
 
     # ------------------------------------------------------------------ conversion
     def _to_inner_leaf(self, x: Any) -> Any:

@@ -10,9 +10,9 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import (FORMAT_VERSION, PathLike, check_format_version, check_no_interrupted_dump, confined_path, read_json, require_fields)
+from unienv_data.base.files import FORMAT_VERSION, PathLike
 from unienv_data.base.indexing import normalize_index
-from unienv_data.base.registry import resolve_storage_class, storage_type_name
+from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.warn import warn_user
@@ -95,12 +95,9 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
     metadata_file = METADATA_FILE
 
-    single_file_ext: Optional[str] = None
-
     def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
                  cache_filename: Optional[Union[str, PathLike]] = None) -> None:
-        if not isinstance(inner_storage, SpaceStorage):
-            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        super().__init__(single_instance_space, inner_storage, inner_storage_path, cache_filename)
         plan = _plan_for(single_instance_space)
         # the plan's leaf converters are this storage's own from now on (they remember which keys were warned
         # about out-of-bounds values: once per key and storage), so the next storage builds its own plan
@@ -117,12 +114,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
                 got += " with different bounds"
             raise ValueError(f"inner storage holds {got}, but the space flattens to "
                              f"{fs.backend.dtype_name(fs.dtype)}{list(fs.shape)}")
-        super().__init__(single_instance_space)
         self._plan = plan
-        self.inner_storage = inner_storage
-        self.inner_storage_path = inner_storage_path
-        self._cache_filename = cache_filename
-        self.owns_inner_storage = False
         self._fast = isinstance(inner_storage, ArrayStorageBase)
         #: the compiled unflattening of a batch of rows, when the inner storage is an array storage (read by `get`)
         self._fast_unpack = plan.codec.unpack_batch if self._fast else None
@@ -145,22 +137,11 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         With `cache_path` the directory is created and its metadata written at once, so it can be reopened with
         `load_from(cache_path, space)` (call `dumps(cache_path)` or `flush()` to persist segments).
         """
-        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
-            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
         plan = _plan_for(single_instance_space)
         _warn_promotion(plan)
-        inner_path = "inner_storage" + (inner_storage_cls.single_file_ext or "")
-        if cache_path is not None:
-            os.makedirs(cache_path, exist_ok=True)
-        inner = inner_storage_cls.create(
-            plan.flat_space, *args, capacity=capacity,
-            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
-            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
-        st = cls(single_instance_space, inner, inner_path, cache_filename=cache_path)
-        st.owns_inner_storage = True
-        if cache_path is not None:
-            st.write_metadata(cache_path)
-        return st
+        return cls._create_wrapped((single_instance_space,), inner_storage_cls, plan.flat_space, args,
+                                   {**kwargs, **inner_storage_kwargs}, capacity=capacity, cache_path=cache_path,
+                                   multiprocessing=multiprocessing)
 
     @classmethod
     def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
@@ -170,18 +151,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         The stored layout is checked against `single_instance_space` (ValueError naming each difference); the
         capacity comes from the files (a `capacity` argument must agree). Extra kwargs go to the inner `load_from`.
         """
-        path = os.fspath(path)
-        meta_path = os.path.join(path, METADATA_FILE)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"FlattenedStorage directory not found: {path}")
-        check_no_interrupted_dump(path, "FlattenedStorage")
-        meta = read_json(meta_path, "FlattenedStorage metadata")
-        version = check_format_version(meta, meta_path)
-        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path"), meta_path)
-        if meta["storage_type"] != "FlattenedStorage":
-            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected 'FlattenedStorage'")
-        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
-        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
+        path, meta, meta_path, inner_cls, inner_full, version = cls._open_stored(path, "FlattenedStorage")
         plan = _plan_for(single_instance_space)
         if version >= 1:
             stored_layout = meta.get("layout")
@@ -223,10 +193,8 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             if problem is not None:
                 inner.close()
                 raise StorageFormatError(f"{path}: {problem}; the directory is damaged (restore it from a copy)")
-        st = cls(single_instance_space, inner, meta["inner_storage_path"],
-                 cache_filename=path if inner.cache_filename is not None else None)
-        st.owns_inner_storage = True
-        return st
+        return cls._adopt((single_instance_space,), inner, meta["inner_storage_path"],
+                          path if inner.cache_filename is not None else None)
 
     # ------------------------------------------------------------------ delegated properties
 
@@ -276,7 +244,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         """Checks `value` against the space and writes it at `index`; on any error nothing is written."""
         self.check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         if self._fast and lead:
             arrs = self._plan.check_batch(value, lead)
             if arrs is not None:
@@ -288,7 +256,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         """Writes flat rows after checking that every leaf reads back to a valid value."""
         self.check_writable()
         norm = normalize_index(index, len(self.inner_storage), type(self).__name__)
-        lead = () if norm.single is not None else (norm.count(),)
+        lead = norm.lead()
         rows = self.inner_storage.converter.to_numpy(value)[0] if self._fast else np.asarray(self.backend.to_numpy(value))  # type: ignore[attr-defined]
         if tuple(rows.shape) != lead + (self._plan.width,):
             raise ValueError(f"expected flat rows of shape {lead + (self._plan.width,)}, got {tuple(rows.shape)}")
@@ -338,7 +306,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         leaf by leaf into its rows later, without a packed copy); the inner storage stages its rows."""
         self.check_writable()
         norm = self._stage_index(index)
-        key, lead = norm.numpy_key(), (() if norm.single is not None else (norm.count(),))
+        key, lead = norm.numpy_key(), norm.lead()
         if not self._fast:
             return self.inner_storage.stage_set(norm, self._rows_to_inner(self._plan.pack(value, lead)))
         inner: Any = self.inner_storage

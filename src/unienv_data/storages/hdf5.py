@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from unienv_data.base.errors import StorageNotFoundError, StorageStateError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, is_durable
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -204,11 +205,7 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
                   read_only: bool = True, multiprocessing: bool = False, reduce_io: bool = True, use_mmap: bool = True,
                   **h5py_kwargs: Any) -> "HDF5Storage":
         """Opens an HDF5 file written by this library or by the reference, checking it against the space."""
-        tree = cls._make_tree(single_instance_space)
-        cap_arg = check_capacity(capacity)
-        if multiprocessing and not read_only:
-            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
-                             "reader processes, or multiprocessing=False to write it from this one")
+        tree, cap_arg = cls._check_load_args(single_instance_space, capacity, read_only, multiprocessing)
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise StorageNotFoundError(f"{cls.__name__} file not found: {path}")
@@ -273,25 +270,13 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
         self._alloc = self._rows_in_file(f, self._tree)
 
     # ------------------------------------------------------------------ properties
-    @property
-    def cache_filename(self) -> Optional[str]:
-        return self._path
-
-    @property
-    def is_multiprocessing_safe(self) -> bool:
-        return self._read_only
-
-    @property
-    def reduce_io(self) -> bool:
-        return self._reduce_io
+    cache_filename: Optional[str] = forwarded("_path")
+    reduce_io: bool = forwarded("_reduce_io")
 
     @property
     def memory_mapped_keys(self) -> List[str]:
         """The leaves read and written through a memory map (contiguous datasets of a file on disk)."""
         return [c.leaf.name for c in self._columns() if c.arr is not None]
-
-    def segment_log(self) -> Optional[SegmentLog]:
-        return self._segments
 
     @property
     def _dirty(self) -> bool:
@@ -476,18 +461,15 @@ class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, B
             self.flush()
         self.dump_columns(path)
 
-    def close(self) -> None:
-        """Flushes a writable storage, then closes the file; later use raises StorageClosedError. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._file is not None and self._pid == os.getpid() and not self._read_only and self._owner:
-                if self._path is not None and self._capacity is None and self._alloc != self._length:
-                    self._move_to_new_file(self._length)    # at rest the file describes exactly its rows
-                self.flush()
-        finally:
-            self._closed = True
-            self._drop_handle()
+    def _persist_on_close(self) -> None:
+        """Flushes a writable storage; `close` then closes the file."""
+        if self._file is not None and self._pid == os.getpid() and not self._read_only and self._owner:
+            if self._path is not None and self._capacity is None and self._alloc != self._length:
+                self._move_to_new_file(self._length)    # at rest the file describes exactly its rows
+            self.flush()
+
+    def _free(self) -> None:
+        self._drop_handle()
 
     def _drop_handle(self) -> None:
         f, self._file, self._cols, self._mmap = self._file, None, None, None  # the map closes with its last view

@@ -29,6 +29,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, atomic_write_json, read_json, require_fields
+from unienv_data.base.forwarding import forwarded
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.segments import SegmentLog
@@ -162,14 +163,8 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
                    persistent_segments=version >= 1)   # a reference-written directory keeps no segment list
 
     # ------------------------------------------------------------------ properties
-    @property
-    def format(self) -> str:
-        return self._fmt
-
-    @property
-    def is_exact(self) -> bool:
-        """Whether images read back bit-exactly (PNG, lossless WebP)."""
-        return self._exact
+    format: str = forwarded("_fmt")
+    is_exact: bool = forwarded("_exact", "Whether images read back bit-exactly (PNG, lossless WebP).")
 
     def _path(self, row: int) -> str:
         return os.path.join(self._dir, f"{row}.{self._ext}")
@@ -384,15 +379,10 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
             if r not in keep:
                 remove_quietly(os.path.join(target, f"{r}.{old_ext}"))
 
-    def close(self) -> None:
-        """Writes pending metadata (a still-open segment's rows included). Idempotent."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._dirty:
-                self.write_metadata()
-        finally:
-            self._closed = True
+    def _persist_on_close(self) -> None:
+        """Writes pending metadata (a still-open segment's rows included)."""
+        if not self._read_only and self._dirty:
+            self.write_metadata()
 
     # ------------------------------------------------------------------ pickling (reader processes)
     def __getstate__(self) -> Dict[str, Any]:

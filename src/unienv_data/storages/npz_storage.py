@@ -29,6 +29,7 @@ from unienv_data.base.registry import register_storage
 from unienv_interface.space import Space
 
 from ._array_file import fill_from_stream
+from ._list_helpers import prepare_new_directory
 from ._list_storage import ListStorageBase, check_capacity
 
 METADATA_FILE = "npz_metadata.json"
@@ -68,7 +69,7 @@ class NPZStorage(ListStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BR
         if not isinstance(compressed, (bool, np.bool_)):
             raise TypeError(f"compressed must be a bool, got {compressed!r}")
         cap = check_capacity(capacity)
-        directory = cls._prepare_directory(cache_path)
+        directory = prepare_new_directory(cache_path, cls.__name__)
         st = cls(single_instance_space, directory, cap, 0, compressed=bool(compressed))
         st.flush()
         return st

@@ -103,11 +103,7 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
         """Opens a directory written by this library or by the reference, checking its columns against the space."""
         if kwargs:
             raise TypeError(f"{cls.__name__}.load_from() got unexpected keyword argument(s) {sorted(kwargs)}")
-        tree = cls._make_tree(single_instance_space)
-        cap_arg = check_capacity(capacity)
-        if multiprocessing and not read_only:
-            raise ValueError(f"{cls.__name__} cannot be written by several processes: load it with read_only=True for "
-                             "reader processes")
+        tree, cap_arg = cls._check_load_args(single_instance_space, capacity, read_only, multiprocessing)
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise StorageNotFoundError(f"{cls.__name__} directory not found: {path}")
@@ -252,21 +248,17 @@ class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 os.unlink(os.path.join(path, name))
         atomic_write_json(os.path.join(path, METADATA_FILE), self._metadata(self._length))
 
-    def close(self) -> None:
-        """Flushes a writable storage (unless its directory is gone), then drops the decoded pieces. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
-                self.flush()
-        finally:
-            self._closed = True
-            self._cols = [None] * len(self._tree.leaves)
+    def _persist_on_close(self) -> None:
+        """Flushes a writable storage (unless its directory is gone); `close` then drops the decoded pieces."""
+        if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
+            self.flush()
+
+    def _free(self) -> None:
+        self._cols = [None] * len(self._tree.leaves)
 
     def _release(self) -> None:
         try:
-            if not self._read_only and self._owner and self._dirty_meta and os.path.isdir(self._dir):
-                self.flush()
+            self._persist_on_close()
         except Exception:  # noqa: BLE001 - garbage collection must not raise
             pass
 

@@ -8,11 +8,10 @@ from typing import Any, Dict, Optional, Tuple, Type, Union
 
 import numpy as np
 
-from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import (check_no_interrupted_dump, FORMAT_VERSION, PathLike, check_format_version,
-                                    confined_path, read_json, require_fields)
+from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.files import FORMAT_VERSION, PathLike, require_fields
 from unienv_data.base.indexing import is_single_index
-from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
+from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.wrapper import ValueMappingStorage
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -101,26 +100,18 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
 
     metadata_file = METADATA_FILE
 
-    single_file_ext: Optional[str] = None
-
     def __init__(self, single_instance_space: Space, data_transformation: DataTransformation,
                  inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
                  cache_filename: Optional[Union[str, PathLike]] = None) -> None:
-        if not isinstance(inner_storage, SpaceStorage):
-            raise TypeError(f"inner_storage must be a SpaceStorage, got {type(inner_storage).__name__}")
+        super().__init__(single_instance_space, inner_storage, inner_storage_path, cache_filename)
         target, inverse = self._plan(single_instance_space, data_transformation)
         inner_space = inner_storage.single_instance_space
         if inner_space.backend is not target.backend or inner_space != target:
             raise ValueError(f"the inner storage holds {_describe_space(inner_space)}, but the transformation maps the "
                              f"space to {_describe_space(target)}")
-        super().__init__(single_instance_space)
         self.data_transformation = data_transformation
         self.inv_data_transformation = inverse
         self.transformed_space = target
-        self.inner_storage = inner_storage
-        self.inner_storage_path = inner_storage_path
-        self._cache_filename = cache_filename
-        self.owns_inner_storage = False
 
     @staticmethod
     def _plan(space: Space, transformation: Any) -> Tuple[Space, DataTransformation]:
@@ -158,26 +149,12 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         anything is created. With `cache_path` the directory and its metadata are written at once, so it can be
         reopened with `load_from(cache_path, space)`.
         """
-        if not (isinstance(inner_storage_cls, type) and issubclass(inner_storage_cls, SpaceStorage)):
-            raise TypeError(f"inner_storage_cls must be a SpaceStorage class, got {inner_storage_cls!r}")
         target, _inverse = cls._plan(single_instance_space, data_transformation)
-        inner_path = INNER_PREFIX + (inner_storage_cls.single_file_ext or "")
         if cache_path is not None:
             transformation_to_json(data_transformation)  # refuse what could not be written back before creating files
-            os.makedirs(cache_path, exist_ok=True)
-        inner = inner_storage_cls.create(
-            target, *args, capacity=capacity,
-            cache_path=None if cache_path is None else os.path.join(cache_path, inner_path),
-            multiprocessing=multiprocessing, **{**kwargs, **inner_storage_kwargs})
-        try:
-            st = cls(single_instance_space, data_transformation, inner, inner_path, cache_filename=cache_path)
-        except BaseException:
-            inner.close()
-            raise
-        st.owns_inner_storage = True
-        if cache_path is not None:
-            st.write_metadata(cache_path)
-        return st
+        return cls._create_wrapped((single_instance_space, data_transformation), inner_storage_cls, target, args,
+                                   {**kwargs, **inner_storage_kwargs}, capacity=capacity, cache_path=cache_path,
+                                   multiprocessing=multiprocessing, inner_prefix=INNER_PREFIX)
 
     @classmethod
     def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
@@ -185,26 +162,13 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
         """Opens a directory written by `dumps` (or `create` with a cache path). The transformation comes from the
         metadata JSON; extra kwargs go to the inner storage's `load_from`."""
         path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise StorageNotFoundError(f"TransformedStorage directory not found: {path}")
-        meta_path = os.path.join(path, METADATA_FILE)
         legacy = os.path.exists(os.path.join(path, LEGACY_PICKLE_FILE))
-        if legacy and not os.path.exists(meta_path):
+        if legacy and not os.path.exists(os.path.join(path, METADATA_FILE)):
             raise StorageFormatError(cls._pickle_refusal(path))
-        check_no_interrupted_dump(path, "TransformedStorage")
-        meta = read_json(meta_path, "TransformedStorage metadata")
-        check_format_version(meta, meta_path)
+        path, meta, meta_path, inner_cls, inner_full, _version = cls._open_stored(path, "TransformedStorage")
         if "data_transformation" not in meta and legacy:
             raise StorageFormatError(cls._pickle_refusal(path))
-        require_fields(meta, ("storage_type", "inner_storage_type", "inner_storage_path", "data_transformation"),
-                       meta_path)
-        if meta["storage_type"] != "TransformedStorage":
-            raise StorageFormatError(f"{meta_path}: storage_type is {meta['storage_type']!r}, expected 'TransformedStorage'")
-        inner_cls = resolve_storage_class(meta["inner_storage_type"], meta_path)
-        inner_full = confined_path(path, meta["inner_storage_path"], meta_path)
-        if os.path.realpath(inner_full) == os.path.realpath(path):
-            raise StorageFormatError(f"{meta_path}: inner_storage_path {meta['inner_storage_path']!r} points at the "
-                                     "directory itself")
+        require_fields(meta, ("data_transformation",), meta_path)
         try:
             transformation = json_to_transformation(meta["data_transformation"])
         except TransformationFormatError as exc:
@@ -230,14 +194,8 @@ class TransformedStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BD
                                      f"({exc})") from None
         inner = inner_cls.load_from(inner_full, target, capacity=capacity, read_only=read_only,
                                     multiprocessing=multiprocessing, **kwargs)
-        try:
-            st = cls(single_instance_space, transformation, inner, meta["inner_storage_path"],
-                     cache_filename=path if inner.cache_filename is not None else None)
-        except BaseException:
-            inner.close()
-            raise
-        st.owns_inner_storage = True
-        return st
+        return cls._adopt((single_instance_space, transformation), inner, meta["inner_storage_path"],
+                          path if inner.cache_filename is not None else None)
 
     @staticmethod
     def _pickle_refusal(path: str) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
+from unienv_data.batches._tree import nested_dict
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 
@@ -93,13 +94,7 @@ class EpisodeLayout:
         """The nested dict (or the single leaf) holding `leaves` in layout order."""
         if not self.is_dict:
             return leaves[0]
-        root: Dict[str, Any] = {}
-        for path, leaf in zip(self.paths, leaves):
-            node = root
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = leaf
-        return root
+        return nested_dict(self.paths, leaves)
 
     def check_batch(self, value: Any, what: str = "episode") -> Tuple[List[np.ndarray], int]:
         """Every leaf of a batch (nested dict of `(n, *shape)` arrays) converted and checked (shape, dtype cast

@@ -41,6 +41,7 @@ from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
                                     creating_dataset, dump_transaction, encoded_json, is_durable)
 from unienv_data.base.forwarding import forwarded
+from unienv_data.base.writer_lock import WriterLock, take_writer_lock
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
@@ -114,6 +115,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self.storage_path_relative = storage_path_relative
         self.cache_path = None if cache_path is None else os.fspath(cache_path)
         self.multiprocessing = bool(multiprocessing)
+        self._writer_lock: Optional[WriterLock] = None
+        self._reopened_elsewhere = False
         self._maintain = bool(maintain_segment_metadata)
         # segments: the buffer's own list with maintain_segment_metadata (the reference's rule) or when the
         # storage keeps none; else the storage's own log (single process). A multiprocessing buffer keeps its
@@ -208,19 +211,41 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         rel = "storage" + (storage_cls.single_file_ext or "")
         with creating_dataset(cache_path, overwrite, "ReplayBuffer",
                               f"ReplayBuffer.load_from({os.fspath(cache_path)!r}, backend=...)" if cache_path else ""):
+            lock = None
             if cache_path is not None:
                 os.makedirs(cache_path, exist_ok=True)
-                try:                    # old metadata must never describe the new storage's files
-                    os.unlink(os.path.join(os.fspath(cache_path), METADATA_FILE))
-                except FileNotFoundError:
-                    pass
-            storage = storage_cls.create(
-                single_instance_space, *args,
-                cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
-                capacity=capacity, multiprocessing=multiprocessing, **kwargs)
+                lock = take_writer_lock(cache_path, cls._close_for_reopen)    # before anything there changes
+            try:
+                if cache_path is not None:
+                    try:                    # old metadata must never describe the new storage's files
+                        os.unlink(os.path.join(os.fspath(cache_path), METADATA_FILE))
+                    except FileNotFoundError:
+                        pass
+                storage = storage_cls.create(
+                    single_instance_space, *args,
+                    cache_path=None if cache_path is None else os.path.join(os.fspath(cache_path), rel),
+                    capacity=capacity, multiprocessing=multiprocessing, **kwargs)
+            except BaseException:
+                if lock is not None:
+                    lock.release()
+                raise
         rb = cls(storage, rel, 0, 0, cache_path, multiprocessing, maintain_segment_metadata=maintain_segment_metadata)
+        if lock is not None:
+            cls._hold_writer_lock(rb, lock)
         cls._take_storage(rb, storage, cache_path)
         return rb
+
+    def _hold_writer_lock(self, lock: WriterLock) -> None:
+        """How `create` / `load_from` hand the directory's writer lock to the buffer they built (called through the
+        class); `close()` releases it."""
+        lock.attach(self)
+        self._writer_lock = lock
+
+    def _close_for_reopen(self) -> None:
+        """Closes this buffer because its directory is being opened for writing again in this process (see
+        `base.writer_lock`): what it committed is written as at any close, and using it afterwards says why."""
+        self._reopened_elsewhere = True
+        self.close()
 
     def _take_storage(self, stored: SpaceStorage, cache_path: Optional[PathLike] = None) -> None:
         """How `create` / `load_from` finish the buffer they built (called through the class, on the new buffer):
@@ -251,6 +276,25 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             raise TypeError(f"ReplayBuffer.load_from does not take capacity= (got {storage_kwargs['capacity']!r}): the "
                             f"capacity is fixed when the buffer is created and read from {METADATA_FILE}; to change "
                             f"it, create a new buffer with the capacity you want and extend it with this one's rows")
+        # a writer holds the directory's writer lock from before its metadata is read until it closes (see
+        # base.writer_lock): an older writer in this process is closed first, one in another process refuses
+        lock = (take_writer_lock(path, cls._close_for_reopen)
+                if not read_only and os.path.isdir(os.fspath(path)) else None)
+        try:
+            rb = cls._open_directory(path, backend, device, read_only, multiprocessing, single_instance_space,
+                                     storage_kwargs)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        if lock is not None:
+            cls._hold_writer_lock(rb, lock)
+        return rb
+
+    @classmethod
+    def _open_directory(cls, path: PathLike, backend: Any, device: Any, read_only: bool, multiprocessing: bool,
+                        single_instance_space: Optional[Space], storage_kwargs: Dict[str, Any]) -> "ReplayBuffer":
+        """The body of `load_from` (its arguments checked, the writer lock taken)."""
         meta = read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
         try:
@@ -333,6 +377,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
     # ------------------------------------------------------------------ properties
     def _st(self) -> SpaceStorage:
         if self.storage is None:
+            if self._reopened_elsewhere:
+                raise StorageStateError(f"this ReplayBuffer was closed because {self.cache_path} was opened for "
+                                        "writing again in this process (one writer per directory): use the buffer "
+                                        "that the later create() / load_from(read_only=False) returned")
             raise StorageStateError("the ReplayBuffer is closed")
         return self.storage
 
@@ -895,6 +943,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                     # persisted stays on disk, and the storage is released all the same
                     pass
             st.close()
+        if self._writer_lock is not None:
+            self._writer_lock.release()
 
     def _write_metadata_for(self, st: SpaceStorage) -> None:
         self.storage = st
@@ -905,9 +955,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def __getstate__(self) -> Dict[str, Any]:
         if not self.multiprocessing:
-            return dict(self.__dict__)
+            return {**self.__dict__, "_writer_lock": None}      # the lock stays with the process that took it
         self._hand_off()
         state = dict(self.__dict__)
+        state["_writer_lock"] = None
         state["_writer"] = None
         state["_owns_storage"] = False
         return state

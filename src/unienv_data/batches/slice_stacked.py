@@ -34,13 +34,13 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from unienv_data.base.indexing import is_single_index, normalize_index
-from unienv_data.base.segments import episode_segments_of
+from unienv_data.base.indexing import normalize_index
 from unienv_interface.space import Space
 from unienv_interface.space.spaces import BinarySpace, DictSpace, TupleSpace
-from unienv_interface.space.space_utils import batch_utils, flatten_utils
+from unienv_interface.space.space_utils import batch_utils
 
 from . import _tree
+from ._view import RowView
 from ._columns import KeyPath, resolve_key
 from ._segments import SegmentCache, SegmentIndex, check_unrecorded
 
@@ -111,7 +111,7 @@ def _keep_stacked(data: Any, paths: List[KeyPath], z: int, prefix: KeyPath = ())
     return tuple(_keep_stacked(v, paths, z, prefix + (i,)) for i, v in enumerate(data))
 
 
-class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class SliceStackedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Read-only view: sample `i` stacks the frames `i + o` for every `o` in `fixed_offset` on a new axis
     (axis 1 of a batch, axis 0 of one sample); see the module docstring for validity, filling and reads.
 
@@ -172,23 +172,6 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Frames per window (`len(fixed_offset)`)."""
         return int(self._offsets.shape[0])
 
-    @property
-    def index_source(self) -> BatchBase:
-        """The batch whose indices this view's indices are (used by samplers to find a ring buffer)."""
-        return self.batch
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def get_segments(self) -> Optional[Any]:
-        """The wrapped batch's segments (a window anchored at `i` belongs to the segment of frame `i`)."""
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
-
     def expand_index(self, idx: Any) -> Any:
         """The `(B, T)` frame indices of the windows at `idx`, clipped into `[0, len)` (backend int array)."""
         n = len(self.batch)
@@ -229,9 +212,7 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def get_flattened_at_with_metadata(self, idx: Any) -> Tuple[Any, Dict[str, Any]]:
         """Flat rows of the stacked windows (the flattening of this view's `single_space`) and the metadata."""
         data, meta = self._get(idx, with_metadata=True)
-        if is_single_index(idx):
-            return flatten_utils.flatten_data(self.single_space, data), meta
-        return flatten_utils.flatten_data(self._batched_space, data, start_dim=1), meta
+        return self._flatten_rows(idx, data), meta
 
     def _get(self, idx: Any, with_metadata: bool) -> Tuple[Any, Dict[str, Any]]:
         n = len(self.batch)

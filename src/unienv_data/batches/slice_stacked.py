@@ -249,16 +249,10 @@ class SliceStackedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDty
                 read_idx = frames if mask.all() else np.take_along_axis(frames, fill_positions(mask, z), axis=1)
             else:
                 read_idx = np.clip(frames, 0, n - 1)
-            data, meta = self._read(read_idx.reshape(-1), need_meta, dedup_hint)
-            data = _tree.reshape_lead(data, (B, T))
-            if meta is not None:
-                meta = _tree.reshape_lead(meta, (B, T))
+            data, meta = self._read(read_idx, need_meta, dedup_hint)
         else:
             clipped = np.clip(frames, 0, n - 1)
-            data, meta = self._read(clipped.reshape(-1), need_meta, dedup_hint)
-            data = _tree.reshape_lead(data, (B, T))
-            if meta is not None:
-                meta = _tree.reshape_lead(meta, (B, T))
+            data, meta = self._read(clipped, need_meta, dedup_hint)
             expanded = self.backend.from_numpy(clipped, dtype=self.backend.default_index_dtype, device=self.device)
             user = self.get_valid_mask_function(self, expanded, data, meta)
             user_np = np.asarray(user if isinstance(user, np.ndarray) else self.backend.to_numpy(user))
@@ -281,8 +275,10 @@ class SliceStackedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDty
         out_meta[MASK_KEY] = self.backend.from_numpy(mask, device=self.device)
         return data, out_meta
 
-    def _read(self, flat_idx: np.ndarray, need_meta: bool, dedup_hint: bool) -> Tuple[Any, Optional[Any]]:
-        """One batched read of rows `flat_idx` of the wrapped batch (distinct rows only when deduplicating)."""
+    def _read(self, frames: np.ndarray, need_meta: bool, dedup_hint: bool) -> Tuple[Any, Optional[Any]]:
+        """One batched read of the `(B, T)` rows `frames` of the wrapped batch (distinct rows only when
+        deduplicating): `(B, T, ...)` data and metadata (None unless `need_meta`)."""
+        flat_idx = frames.reshape(-1)
         dedup = self.deduplicate
         if dedup is None:
             dedup = dedup_hint or flat_idx.shape[0] > 2 * max(len(self.batch), 1)
@@ -297,12 +293,14 @@ class SliceStackedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDty
             data, meta = self.batch.get_at_with_metadata(flat_idx)
         else:
             data, meta = self.batch.get_at(flat_idx), None
-        if inverse is not None:
-            inv = inverse.reshape(-1).astype(np.int64)
-            data = _tree.take_rows(data, inv, self.backend)
-            if meta is not None:
-                meta = _tree.take_rows(meta, inv, self.backend)
-        return data, meta
+        inv = None if inverse is None else inverse.reshape(-1).astype(np.int64)
+
+        def rows(tree: Any) -> Any:
+            if inv is not None:
+                tree = _tree.take_rows(tree, inv, self.backend)
+            return _tree.reshape_lead(tree, frames.shape)
+
+        return rows(data), (None if meta is None else rows(meta))
 
     # ------------------------------------------------------------------ ready-made mask functions
     @staticmethod

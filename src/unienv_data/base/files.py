@@ -274,6 +274,16 @@ def check_no_interrupted_dump(path: PathLike, what: str) -> None:
 def read_json(path: PathLike, what: str) -> Dict[str, Any]:
     """Reads a JSON object; a missing file is StorageNotFoundError, a damaged one StorageFormatError."""
     path = os.fspath(path)
+    data = load_json(path, what)
+    if not isinstance(data, dict):
+        raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_json(path: PathLike, what: str) -> Any:
+    """Reads any JSON value; a missing file is StorageNotFoundError, a damaged one StorageFormatError (the
+    messages name `what` and `path`)."""
+    path = os.fspath(path)
     try:
         with open(path, "r") as f:
             data = json.load(f)
@@ -285,8 +295,6 @@ def read_json(path: PathLike, what: str) -> Dict[str, Any]:
         raise StorageFormatError(f"{what} at {path} is damaged (not valid JSON: {str(exc)[:200]})") from None
     except OSError as exc:
         raise StorageFormatError(f"{what} at {path} cannot be read: {exc}") from None
-    if not isinstance(data, dict):
-        raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 

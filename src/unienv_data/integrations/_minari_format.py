@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import load_json
 from unienv_data.storages._list_helpers import require_module
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace, TupleSpace
 
@@ -81,20 +82,10 @@ def is_minari_dir(path: Any) -> bool:
     return meta.get("data_format") in FORMATS and "total_episodes" in meta
 
 
-def read_json_file(path: str) -> Any:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise StorageNotFoundError(f"{WHO}: file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StorageFormatError(f"{WHO}: {path} is not valid JSON ({exc}); the file is damaged") from None
-
-
 def read_metadata(data_dir: str) -> Dict[str, Any]:
     """`data/metadata.json`, with its fields checked."""
     path = os.path.join(data_dir, METADATA_FILE)
-    meta = read_json_file(path)
+    meta = load_json(path, f"{WHO}: Minari metadata")
     if not isinstance(meta, dict):
         raise StorageFormatError(f"{WHO}: {path} must hold a JSON object")
     fmt = meta.get("data_format", "hdf5")
@@ -526,7 +517,7 @@ class ArrowEpisodes(EpisodeSource):
         for e in range(self.num_episodes):  # the per-episode metadata files must agree with the data
             mpath = os.path.join(self.data_dir, str(e), METADATA_FILE)
             if os.path.exists(mpath):
-                m = read_json_file(mpath)
+                m = load_json(mpath, f"{WHO}: Minari metadata")
                 if isinstance(m, dict) and "total_steps" in m and int(m["total_steps"]) != self.lengths[e]:
                     raise StorageFormatError(f"{WHO}: {mpath} says total_steps={m['total_steps']} but the episode's "
                                              f"Arrow data holds {self.lengths[e]} steps")
@@ -612,7 +603,7 @@ class ArrowEpisodes(EpisodeSource):
         path = os.path.join(self.data_dir, str(episode), METADATA_FILE)
         if not os.path.exists(path):
             return {"id": episode}
-        m = read_json_file(path)
+        m = load_json(path, f"{WHO}: Minari metadata")
         return m if isinstance(m, dict) else {"id": episode}
 
     def close(self) -> None:

@@ -383,16 +383,21 @@ class HDF5Episodes(EpisodeSource):
             self.file.close()
             raise
 
+    def _member(self, parent: Any, key: str, what: str, missing: str) -> Any:
+        """`parent[key]` (an HDF5 group or dataset, called `what` in messages); StorageFormatError when it is
+        missing (the message ends with `missing`) or cannot be read."""
+        try:
+            return parent[key]
+        except KeyError:
+            raise StorageFormatError(f"{WHO}: {self.path}{missing}") from None
+        except (OSError, RuntimeError) as exc:
+            raise StorageFormatError(f"{WHO}: {self.path}: {what} cannot be read ({exc}); the file is damaged") from None
+
     def _group(self, episode: int) -> Any:
         name = f"episode_{episode}"
-        try:
-            return self.file[name]
-        except KeyError:
-            raise StorageFormatError(f"{WHO}: {self.path} has no group {name!r} ({self.num_episodes} episodes are "
-                                     "recorded in metadata.json); the file is incomplete") from None
-        except (OSError, RuntimeError) as exc:
-            raise StorageFormatError(f"{WHO}: {self.path}: the group {name!r} cannot be read ({exc}); the file is "
-                                     "damaged") from None
+        return self._member(self.file, name, f"the group {name!r}",
+                            f" has no group {name!r} ({self.num_episodes} episodes are recorded in metadata.json); "
+                            "the file is incomplete")
 
     def _dataset(self, episode: int, field: str, path: Path = ()) -> Any:
         parts = [field] + [f"_index_{p}" if isinstance(p, int) else str(p) for p in path]
@@ -400,16 +405,10 @@ class HDF5Episodes(EpisodeSource):
         cached = self._datasets.get((episode, key))
         if cached is not None:
             return cached
-        group = self._group(episode)
-        try:
-            ds = self._datasets[(episode, key)] = group[key]
-            return ds
-        except KeyError:
-            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode} has no dataset {key!r}; the file does "
-                                     "not match the spaces in metadata.json") from None
-        except (OSError, RuntimeError) as exc:
-            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode}/{key} cannot be read ({exc}); the file "
-                                     "is damaged") from None
+        ds = self._datasets[(episode, key)] = self._member(
+            self._group(episode), key, f"episode_{episode}/{key}",
+            f": episode_{episode} has no dataset {key!r}; the file does not match the spaces in metadata.json")
+        return ds
 
     def _index_episodes(self) -> None:
         for e in range(self.num_episodes):

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.ring import logical_row, run_length
 
@@ -83,7 +84,7 @@ def storage_columns(storage: Any) -> List[Tuple[Any, Tuple[str, ...], List[str]]
     return out
 
 
-class OpenedDataset:
+class OpenedDataset(ClosesOnExit):
     """A dataset opened read-only: rows by logical index, single keys, episodes (see the module docstring)."""
 
     def __init__(self, path: str, root: StorageNode, obj: Any, backend: Any) -> None:
@@ -170,12 +171,6 @@ class OpenedDataset:
 
     def close(self) -> None:
         self.obj.close()
-
-    def __enter__(self) -> "OpenedDataset":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] = None) -> OpenedDataset:

@@ -107,6 +107,8 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
 
     _xp = array_api_compat.array_namespace(jnp.zeros(1))
     simplified_name = "jax"
+    library_name = "JAX"
+    _dtypes_by_name = _JAX_NAMES
     array_type = jax.Array
     default_integer_dtype = jnp.dtype("int64") if _X64 else jnp.dtype("int32")
     default_index_dtype = default_integer_dtype
@@ -151,18 +153,6 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
         return x if device is None else jax.device_put(x, device)
 
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        return jnp.dtype(dtype).kind in "iu"
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        return jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        return jnp.dtype(dtype) == jnp.dtype("bool")
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
         name = jnp.dtype(dtype).name
         if name not in _JAX_NAMES:
@@ -170,22 +160,10 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
         return name
 
     @classmethod
-    def dtype_from_name(cls, name: str) -> Any:
-        try:
-            return _JAX_NAMES[name]
-        except KeyError:
-            raise ValueError(f"JAX has no dtype named {name!r}; expected one of {sorted(_JAX_NAMES)}") from None
-
-    @classmethod
     def as_dtype(cls, dtype: Any) -> Any:
         if isinstance(dtype, str):
             return cls.dtype_from_name(dtype)
         return jnp.dtype(dtype)
-
-    @classmethod
-    def numpy_dtype(cls, dtype: Any) -> np.dtype:
-        d = jnp.dtype(dtype)
-        return np.dtype(np.uint16) if d.name == "bfloat16" else np.dtype(d.name)
 
     @classmethod
     def promote_types(cls, *dtypes: Any) -> Any:

@@ -27,8 +27,6 @@ _TORCH_NAMES = {
     "complex64": torch.complex64, "complex128": torch.complex128,
 }
 _NAME_OF = {v: k for k, v in _TORCH_NAMES.items()}
-_INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
-_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
 
 def _dev(device: Any) -> Optional[torch.device]:
@@ -94,16 +92,14 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
 
     _xp = _xtorch
     simplified_name = "pytorch"
+    library_name = "PyTorch"
+    _dtypes_by_name = _TORCH_NAMES
     array_type = torch.Tensor
     default_integer_dtype = torch.int32
     default_index_dtype = torch.int64
     default_floating_dtype = torch.float32
     default_boolean_dtype = torch.bool
     random = _TorchRandom
-
-    @classmethod
-    def is_backendarray(cls, x: Any) -> bool:
-        return isinstance(x, torch.Tensor)
 
     @classmethod
     def from_numpy(cls, a: np.ndarray, dtype: Any = None, device: Any = None) -> torch.Tensor:
@@ -147,30 +143,11 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
         return x if device is None else x.to(device)
 
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        return dtype in _INTS
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        return dtype in _FLOATS
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        return dtype is torch.bool
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
         try:
             return _NAME_OF[dtype]
         except (KeyError, TypeError):
             raise ValueError(f"unsupported PyTorch dtype {dtype!r}; expected one of {sorted(_TORCH_NAMES)}") from None
-
-    @classmethod
-    def dtype_from_name(cls, name: str) -> torch.dtype:
-        try:
-            return _TORCH_NAMES[name]
-        except KeyError:
-            raise ValueError(f"PyTorch has no dtype named {name!r}; expected one of {sorted(_TORCH_NAMES)}") from None
 
     @classmethod
     def as_dtype(cls, dtype: Any) -> torch.dtype:
@@ -188,12 +165,6 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
             return cls.dtype_from_name(np.dtype(dtype).name)
         except TypeError:
             raise TypeError(f"not a PyTorch dtype: {dtype!r}") from None
-
-    @classmethod
-    def numpy_dtype(cls, dtype: Any) -> np.dtype:
-        if dtype == torch.bfloat16:
-            return np.dtype(np.uint16)
-        return np.dtype(cls.dtype_name(dtype))
 
     @classmethod
     def promote_types(cls, *dtypes: Any) -> torch.dtype:

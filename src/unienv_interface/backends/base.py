@@ -7,7 +7,8 @@ libraries, dtype classification and names, devices, a functional random-number A
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar
+import importlib
+from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -263,6 +264,21 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     def dtype_names(cls) -> Dict[str, Any]:
         """Every dtype this backend has, by canonical name."""
         return {n: cls._dtypes_by_name[n] for n in DTYPE_NAMES if n in cls._dtypes_by_name}
+
+
+def require_extra(module: str, user: str, library: str, extra: str) -> None:
+    """Imports `module` (an optional dependency of `user`); ModuleNotFoundError naming the extra to install when it
+    cannot be imported."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"{user} needs {library}; install the extra: pip install 'unienv-storage[{extra}]'") \
+            from exc
+
+
+def as_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+    """A shape argument of the random API as a tuple (an int `n` means `(n,)`)."""
+    return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 def check_shape(shape: Sequence[int]) -> Tuple[int, ...]:

@@ -5,16 +5,12 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-try:
-    import jax
-    import jax.numpy as jnp
-    import array_api_compat
-except ImportError as exc:  # pragma: no cover - exercised only without jax
-    raise ModuleNotFoundError(
-        "unienv_interface.backends.jax needs JAX; install the extra: pip install 'unienv-storage[jax]'"
-    ) from exc
+from .base import ComputeBackend, as_shape, require_extra
 
-from .base import ComputeBackend
+require_extra("jax", "unienv_interface.backends.jax", "JAX", "jax")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import array_api_compat  # noqa: E402
 
 JaxArrayType = jax.Array
 JaxDeviceType = Any
@@ -37,36 +33,31 @@ class _JaxRandom:
     def random_discrete_uniform(shape: Union[int, Tuple[int, ...]], from_num: int, to_num: int, *, rng: jax.Array,
                                 dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.randint(sub, shape, from_num, to_num, dtype=dtype or jnp.int32)
+        return rng, jax.random.randint(sub, as_shape(shape), from_num, to_num, dtype=dtype or jnp.int32)
 
     @staticmethod
     def random_uniform(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, low: Any = 0.0, high: Any = 1.0,
                        dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.uniform(sub, shape, dtype=dtype or jnp.float32, minval=low, maxval=high)
+        return rng, jax.random.uniform(sub, as_shape(shape), dtype=dtype or jnp.float32, minval=low, maxval=high)
 
     @staticmethod
     def random_normal(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, mean: Any = 0.0, std: Any = 1.0,
                       dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.normal(sub, shape, dtype=dtype or jnp.float32) * std + mean
+        return rng, jax.random.normal(sub, as_shape(shape), dtype=dtype or jnp.float32) * std + mean
 
     @staticmethod
     def random_exponential(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, lambd: float = 1.0,
                            dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.exponential(sub, shape, dtype=dtype or jnp.float32) / lambd
+        return rng, jax.random.exponential(sub, as_shape(shape), dtype=dtype or jnp.float32) / lambd
 
     @staticmethod
     def random_geometric(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, p: float = 0.5,
                          dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.geometric(sub, p, shape, dtype=dtype or jnp.int32)
+        return rng, jax.random.geometric(sub, p, as_shape(shape), dtype=dtype or jnp.int32)
 
     @staticmethod
     def random_permutation(n: int, *, rng: jax.Array, dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:

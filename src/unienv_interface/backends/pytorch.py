@@ -5,15 +5,11 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-try:
-    import torch
-    import array_api_compat.torch as _xtorch
-except ImportError as exc:  # pragma: no cover - exercised only without torch
-    raise ModuleNotFoundError(
-        "unienv_interface.backends.pytorch needs PyTorch; install the extra: pip install 'unienv-storage[torch]'"
-    ) from exc
+from .base import ComputeBackend, as_shape, require_extra
 
-from .base import ComputeBackend
+require_extra("torch", "unienv_interface.backends.pytorch", "PyTorch", "torch")
+import torch  # noqa: E402
+import array_api_compat.torch as _xtorch  # noqa: E402
 
 PyTorchArrayType = torch.Tensor
 PyTorchDeviceType = Union[torch.device, str]
@@ -33,6 +29,11 @@ def _dev(device: Any) -> Optional[torch.device]:
     return None if device is None else torch.device(device)
 
 
+def _empty64(shape: Union[int, Tuple[int, ...]], device: Any) -> torch.Tensor:
+    """An uninitialised float64 tensor of `shape` on `device`, for an in-place draw in double precision."""
+    return torch.empty(as_shape(shape), dtype=torch.float64, device=_dev(device))
+
+
 class _TorchRandom:
     """Functional RNG over `torch.Generator`: every draw returns `(rng, value)`."""
 
@@ -48,38 +49,31 @@ class _TorchRandom:
     @staticmethod
     def random_discrete_uniform(shape: Union[int, Tuple[int, ...]], from_num: int, to_num: int, *, rng: torch.Generator,
                                 dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.randint(int(from_num), int(to_num), shape, generator=rng, dtype=torch.int64, device=_dev(device))
+        out = torch.randint(int(from_num), int(to_num), as_shape(shape), generator=rng, dtype=torch.int64, device=_dev(device))
         return rng, out if dtype is None else out.to(dtype)
 
     @staticmethod
     def random_uniform(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, low: Any = 0.0, high: Any = 1.0,
                        dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        u = torch.rand(shape, generator=rng, dtype=torch.float64, device=_dev(device))
+        u = torch.rand(as_shape(shape), generator=rng, dtype=torch.float64, device=_dev(device))
         out = torch.as_tensor(low, dtype=torch.float64) + u * (torch.as_tensor(high, dtype=torch.float64) - torch.as_tensor(low, dtype=torch.float64))
         return rng, out.to(dtype or torch.float32)
 
     @staticmethod
     def random_normal(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, mean: Any = 0.0, std: Any = 1.0,
                       dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.randn(shape, generator=rng, dtype=torch.float64, device=_dev(device)) * std + mean
+        out = torch.randn(as_shape(shape), generator=rng, dtype=torch.float64, device=_dev(device)) * std + mean
         return rng, out.to(dtype or torch.float32)
 
     @staticmethod
     def random_exponential(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, lambd: float = 1.0,
                            dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).exponential_(lambd, generator=rng)
-        return rng, out.to(dtype or torch.float32)
+        return rng, _empty64(shape, device).exponential_(lambd, generator=rng).to(dtype or torch.float32)
 
     @staticmethod
     def random_geometric(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, p: float = 0.5,
                          dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).geometric_(p, generator=rng)
-        return rng, out.to(dtype or torch.int64)
+        return rng, _empty64(shape, device).geometric_(p, generator=rng).to(dtype or torch.int64)
 
     @staticmethod
     def random_permutation(n: int, *, rng: torch.Generator, dtype: Any = None,

@@ -7,10 +7,10 @@ import numpy as np
 
 from ..metadata import SpaceMetadata
 from ..space import Space, array_data_to, check_backend
-from ._array import FixedShape
+from ._array import ArraySpaceMixin
 
 
-class BinarySpace(FixedShape, Space[Any, Any, Any, Any]):
+class BinarySpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
     """A boolean array of `shape`. Equality compares backend, shape and dtype (device ignored, as for BoxSpace)."""
 
     def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,
@@ -55,11 +55,7 @@ class BinarySpace(FixedShape, Space[Any, Any, Any, Any]):
     def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
                  include_dtype: bool = True) -> str:
         parts = [f"shape={self.shape}"]
-        if include_backend:
-            parts.append(f"backend={self._backend}")
-        if include_device and self._device is not None:
-            parts.append(f"device={self._device}")
-        return f"BinarySpace({', '.join(parts)})"
+        return self._repr("BinarySpace", parts, include_backend, include_device)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, BinarySpace) and other._backend is self._backend and other.shape == self.shape

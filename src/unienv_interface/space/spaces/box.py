@@ -7,7 +7,7 @@ import numpy as np
 
 from ..metadata import SpaceMetadata
 from ..space import Space, array_data_to, check_backend
-from ._array import FixedShape
+from ._array import ArraySpaceMixin
 
 
 def _int_list_to_numpy(value: Any) -> Optional[np.ndarray]:
@@ -96,7 +96,7 @@ def _int_bounds(b: np.ndarray, np_dt: np.dtype, which: str) -> np.ndarray:
     return out
 
 
-class BoxSpace(FixedShape, Space[Any, Any, Any, Any]):
+class BoxSpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
     """An array of `shape` and `dtype` (real floating or integer) whose elements lie in `[low, high]`.
 
     `low` / `high` may be scalars or arrays broadcastable to `shape`; without `shape` the shape comes from the
@@ -252,11 +252,7 @@ class BoxSpace(FixedShape, Space[Any, Any, Any, Any]):
         parts = [f"low={lo}", f"high={hi}", f"shape={self.shape}"]
         if include_dtype:
             parts.append(f"dtype={self._backend.dtype_name(self._dtype)}")
-        if include_backend:
-            parts.append(f"backend={self._backend}")
-        if include_device and self._device is not None:
-            parts.append(f"device={self._device}")
-        return f"BoxSpace({', '.join(parts)})"
+        return self._repr("BoxSpace", parts, include_backend, include_device)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BoxSpace) or type(other) is not type(self):

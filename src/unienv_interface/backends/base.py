@@ -7,7 +7,6 @@ libraries, dtype classification and names, devices, a functional random-number A
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -264,16 +263,6 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     def dtype_names(cls) -> Dict[str, Any]:
         """Every dtype this backend has, by canonical name."""
         return {n: cls._dtypes_by_name[n] for n in DTYPE_NAMES if n in cls._dtypes_by_name}
-
-
-def require_extra(module: str, user: str, library: str, extra: str) -> None:
-    """Imports `module` (an optional dependency of `user`); ModuleNotFoundError naming the extra to install when it
-    cannot be imported."""
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise ModuleNotFoundError(f"{user} needs {library}; install the extra: pip install 'unienv-storage[{extra}]'") \
-            from exc
 
 
 def as_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:

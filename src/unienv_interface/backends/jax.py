@@ -5,9 +5,11 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .base import ComputeBackend, as_shape, require_extra
+from unienv_interface._optional import import_optional
 
-require_extra("jax", "unienv_interface.backends.jax", "JAX", "jax")
+from .base import ComputeBackend, as_shape
+
+import_optional("jax", "jax", "unienv_interface.backends.jax")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import array_api_compat  # noqa: E402

@@ -5,9 +5,11 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-from .base import ComputeBackend, as_shape, require_extra
+from unienv_interface._optional import import_optional
 
-require_extra("torch", "unienv_interface.backends.pytorch", "PyTorch", "torch")
+from .base import ComputeBackend, as_shape
+
+import_optional("torch", "torch", "unienv_interface.backends.pytorch")
 import torch  # noqa: E402
 import array_api_compat.torch as _xtorch  # noqa: E402
 

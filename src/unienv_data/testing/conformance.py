@@ -183,6 +183,14 @@ class StorageConformance:
         st.mark_segment_end()
         return vals
 
+    def filled_writer(self, st: Any, n: int) -> Tuple[Any, List[Any]]:
+        """A new segment writer of `st` holding `n` new values (not committed), and the values."""
+        w = st.open_segment_writer()
+        vals = self.values(n)
+        for v in vals:
+            w.append(v)
+        return w, vals
+
     def assert_closed_segments(self, st: Any, expected: List[Tuple[int, int]]) -> None:
         """No segment of `st` is open (nothing pending) and its recorded episodes are `expected`."""
         assert not st.has_open_segment
@@ -525,10 +533,7 @@ class StorageConformance:
 
     def test_writer_finish_then_commit(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
-        w = st.open_segment_writer()
-        vals = self.values(2)
-        for v in vals:
-            w.append(v)
+        w, vals = self.filled_writer(st, 2)
         assert not w.is_finished
         w.finish()
         w.finish()
@@ -542,9 +547,7 @@ class StorageConformance:
 
     def test_writer_commit_twice_raises_and_changes_nothing(self, tmp_path: Any) -> None:
         st, _ = self.filled(tmp_path)
-        w = st.open_segment_writer()
-        for v in self.values(2):
-            w.append(v)
+        w, _ = self.filled_writer(st, 2)
         w.commit(0)
         snap = self.snapshot(st)
         expect_error(STATE_ERRORS, w.commit, 3)
@@ -556,9 +559,7 @@ class StorageConformance:
     def test_writer_commit_after_abort_raises_and_changes_nothing(self, tmp_path: Any) -> None:
         st, _ = self.filled(tmp_path)
         snap = self.snapshot(st)
-        w = st.open_segment_writer()
-        for v in self.values(2):
-            w.append(v)
+        w, _ = self.filled_writer(st, 2)
         w.abort()
         assert w.is_finished
         expect_error(STATE_ERRORS, w.commit, 0)
@@ -569,9 +570,7 @@ class StorageConformance:
         st, _ = self.filled(tmp_path)
         self.append_segment(st, 0)
         snap = self.snapshot(st)
-        w = st.open_segment_writer()
-        for v in self.values(self.capacity + 1):
-            w.append(v)
+        w, _ = self.filled_writer(st, self.capacity + 1)
         expect_error((ValueError,), w.commit, 1)
         self.assert_unchanged(st, snap)
 
@@ -594,10 +593,7 @@ class StorageConformance:
 
     def test_writer_and_append_segments_coexist(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
-        w = st.open_segment_writer()
-        wv = self.values(2)
-        for v in wv:
-            w.append(v)
+        w, wv = self.filled_writer(st, 2)
         av = self.values(2)
         st.mark_segment_start(0)
         for v in av:
@@ -639,10 +635,7 @@ class StorageConformance:
         c = self.capacity
         st, model = self.filled(tmp_path)
         self.append_segment(st, 1, 2)
-        w = st.open_segment_writer()
-        wrap = self.values(2)
-        for v in wrap:
-            w.append(v)
+        w, wrap = self.filled_writer(st, 2)
         w.commit(c - 1)
         model = [st.get(i) for i in range(c)]
         assert st.episode_segments() == [(1, 2), (c - 1, 0)]

@@ -192,6 +192,17 @@ def _open_temporary(directory: str, name: str) -> Tuple[int, str]:
     raise FileExistsError(f"no free temporary file name for {name!r} in {directory}")
 
 
+def remove_quietly(path: Optional[PathLike]) -> None:
+    """Removes the file at `path` (None: nothing), ignoring every OSError (a file already gone, say): for clean-up
+    paths, where a failure must not hide the error being handled."""
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def temporary_path(final: PathLike) -> str:
     """A fresh hidden temporary file name next to `final` (same directory, so a rename replaces `final` atomically):
     `.<name>.<random>.tmp`, which every reader of a dataset directory ignores."""

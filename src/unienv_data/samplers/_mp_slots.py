@@ -17,6 +17,8 @@ import numpy as np
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import flatten_utils
 
+from unienv_data.base.files import remove_quietly as unlink_quietly
+
 from ._mp_packing import ALIGN, align
 
 
@@ -107,16 +109,6 @@ def close_mapping(mm: Optional[mmap.mmap]) -> None:
     try:
         mm.close()
     except BufferError:
-        pass
-
-
-def unlink_quietly(path: Optional[str]) -> None:
-    """Removes the file at `path`, if any; a file that is already gone is fine."""
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
         pass
 
 

@@ -16,19 +16,13 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import remove_quietly
 
 RAM, MEMMAP, SHARED = "ram", "memmap", "shared"
 
 
 def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _map_file(path: str, dtype: np.dtype, row_shape: Tuple[int, ...], rows: int,
@@ -106,7 +100,7 @@ class ArrayBlock:
                 raise RuntimeError("internal invariant violated: path is not None")
             self.data, self._mm = _map_file(path, self.dtype, self.row_shape, alloc_rows, writable)
             if mode == SHARED and owner:
-                self._finalizer = weakref.finalize(self, _unlink_quietly, path)
+                self._finalizer = weakref.finalize(self, remove_quietly, path)
 
     # ---------------------------------------------------------------- construction
     @classmethod

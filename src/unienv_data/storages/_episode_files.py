@@ -22,7 +22,7 @@ import numpy as np
 
 from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
-from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed
+from unienv_data.base.files import PathLike, check_format_version, read_json, replacing_allowed, remove_quietly
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.ring import ring_rows
@@ -116,15 +116,6 @@ def temp_file_path(directory: str, ext: str) -> str:
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
-
-
-def remove_quietly(path: Optional[str]) -> None:
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def place_copy(src: str, dst: str) -> None:

@@ -6,7 +6,7 @@ and are converted to the leaf's own library (and device) before indexing.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -25,6 +25,14 @@ def map_leaves(data: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(data, list):
         return [map_leaves(v, fn) for v in data]
     return fn(data)
+
+
+def set_path(root: Dict[Any, Any], path: Sequence[Any], value: Any) -> None:
+    """`root[path[0]]...[path[-1]] = value`, creating the dicts on the way (`path` is not empty)."""
+    node = root
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
 
 
 def zip_leaves(parts: Sequence[Any], fn: Callable[[List[Any]], Any]) -> Any:

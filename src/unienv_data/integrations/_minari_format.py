@@ -34,6 +34,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import load_json
+from unienv_data.batches._tree import set_path
 from unienv_data.storages._list_helpers import require_module
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace, TupleSpace
 
@@ -475,12 +476,7 @@ class HDF5Episodes(EpisodeSource):
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {}
         for k, v in self._group(episode).attrs.items():
-            v = v.item() if isinstance(v, np.generic) else v
-            node = attrs
-            parts = str(k).split("/")
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-            node[parts[-1]] = v
+            set_path(attrs, str(k).split("/"), v.item() if isinstance(v, np.generic) else v)
         return attrs
 
     def close(self) -> None:

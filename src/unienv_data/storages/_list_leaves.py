@@ -16,6 +16,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.values import LeafConverter
+from unienv_data.batches._tree import set_path
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 
@@ -212,10 +213,7 @@ class LeafTree:
             return arrays[0]
         out: Dict[str, Any] = {}
         for leaf, arr in zip(self.leaves, arrays):
-            node = out
-            for p in leaf.path[:-1]:
-                node = node.setdefault(p, {})
-            node[leaf.path[-1]] = arr
+            set_path(out, leaf.path, arr)
         return out
 
     def subtree(self, keys: Sequence[str]) -> Tuple[Space, List[int]]:

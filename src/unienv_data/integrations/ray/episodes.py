@@ -22,6 +22,7 @@ import numpy as np
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.values import LeafConverter
+from unienv_data.batches._tree import set_path
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 
@@ -95,10 +96,7 @@ class EpisodeLayout:
             return leaves[0]
         root: Dict[str, Any] = {}
         for path, leaf in zip(self.paths, leaves):
-            node = root
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = leaf
+            set_path(root, path, leaf)
         return root
 
     def check_batch(self, value: Any, what: str = "episode") -> Tuple[List[np.ndarray], int]:

@@ -2,11 +2,11 @@
 dependencies: one definition each, for every storage."""
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from typing import Any, Optional
 
 import numpy as np
+
+from unienv_interface._optional import import_optional
 
 
 def check_capacity(capacity: Any) -> Optional[int]:
@@ -25,17 +25,6 @@ def check_count(value: Any, what: str, *, minimum: int = 0, maximum: Optional[in
         rng = f"[{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ValueError(f"{what} needs an int in {rng}, got {value!r}")
     return int(value)
-
-
-def import_optional(module: str, extra: str, user: str) -> ModuleType:
-    """Imports `module`, or raises ModuleNotFoundError saying that `user` needs it and which extra of this package
-    provides it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ModuleNotFoundError(
-            f"{user} needs the optional dependency {module.split('.')[0]!r}; install the extra: "
-            f"pip install 'unienv-storage[{extra}]' ({exc})") from exc
 
 
 __all__ = ["check_capacity", "check_count", "import_optional"]

@@ -186,6 +186,17 @@ def _open_temporary(directory: str, name: str) -> Tuple[int, str]:
     raise FileExistsError(f"no free temporary file name for {name!r} in {directory}")
 
 
+def remove_quietly(path: Optional[PathLike]) -> None:
+    """Removes the file at `path` (None: nothing), ignoring every OSError (a file already gone, say): for clean-up
+    paths, where a failure must not hide the error being handled."""
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def temporary_path(final: PathLike) -> str:
     """A fresh hidden temporary file name next to `final` (same directory, so a rename replaces `final` atomically):
     `.<name>.<random>.tmp`, which every reader of a dataset directory ignores."""
@@ -216,16 +227,6 @@ def replacing_file(path: PathLike, durable: Optional[bool] = None) -> Iterator[s
         raise
     if durable:
         fsync_dir(os.path.dirname(os.path.abspath(final)))
-
-
-def remove_quietly(path: Optional[PathLike]) -> None:
-    """Removes the file at `path`, if any; a file that is already gone (or cannot be removed) is fine."""
-    if path is None:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -302,6 +303,16 @@ def check_no_interrupted_dump(path: PathLike, what: str) -> None:
 def read_json(path: PathLike, what: str) -> Dict[str, Any]:
     """Reads a JSON object; a missing file is StorageNotFoundError, a damaged one StorageFormatError."""
     path = os.fspath(path)
+    data = load_json(path, what)
+    if not isinstance(data, dict):
+        raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_json(path: PathLike, what: str) -> Any:
+    """Reads any JSON value; a missing file is StorageNotFoundError, a damaged one StorageFormatError (the
+    messages name `what` and `path`)."""
+    path = os.fspath(path)
     try:
         with open(path, "r") as f:
             data = json.load(f)
@@ -313,8 +324,6 @@ def read_json(path: PathLike, what: str) -> Dict[str, Any]:
         raise StorageFormatError(f"{what} at {path} is damaged (not valid JSON: {str(exc)[:200]})") from None
     except OSError as exc:
         raise StorageFormatError(f"{what} at {path} cannot be read: {exc}") from None
-    if not isinstance(data, dict):
-        raise StorageFormatError(f"{what} at {path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 

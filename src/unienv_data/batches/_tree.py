@@ -31,11 +31,14 @@ def nested_dict(paths: Iterable[Sequence[Any]], values: Iterable[Any]) -> Dict[A
     """The nested dict holding each of `values` at its key path in `paths` (same order)."""
     root: Dict[Any, Any] = {}
     for path, value in zip(paths, values):
-        node = root
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
+        set_path(root, path, value)
     return root
+def set_path(root: Dict[Any, Any], path: Sequence[Any], value: Any) -> None:
+    """`root[path[0]]...[path[-1]] = value`, creating the dicts on the way (`path` is not empty)."""
+    node = root
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
 
 
 def zip_leaves(parts: Sequence[Any], fn: Callable[[List[Any]], Any]) -> Any:

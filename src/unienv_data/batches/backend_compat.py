@@ -7,11 +7,12 @@ from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import is_single_index, normalize_index
-from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space.space_utils import flatten_utils
 
+from ._view import RowView
 
-class ToBackendOrDeviceBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+
+class ToBackendOrDeviceBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """The samples of `batch` converted to `backend` (a ComputeBackend class) and / or `device` on every read
     (DLPack where the libraries allow it, else through NumPy); `None` keeps the batch's own.
 
@@ -33,24 +34,8 @@ class ToBackendOrDeviceBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeTy
         self._flat_source: Optional[Any] = None
 
     @property
-    def index_source(self) -> BatchBase:
-        """The batch whose indices this view's indices are."""
-        return self.batch
-
-    @property
     def is_mutable(self) -> bool:  # type: ignore[override]
         return bool(self.batch.is_mutable)
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def get_segments(self) -> Optional[Any]:
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
 
     def _index(self, idx: Any) -> Any:
         """`idx` as an index the wrapped batch accepts (NumPy positions for arrays of any backend)."""

@@ -34,13 +34,13 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from unienv_data.base.indexing import is_single_index, normalize_index
-from unienv_data.base.segments import episode_segments_of
+from unienv_data.base.indexing import normalize_index
 from unienv_interface.space import Space
 from unienv_interface.space.spaces import BinarySpace, DictSpace, TupleSpace
-from unienv_interface.space.space_utils import batch_utils, flatten_utils
+from unienv_interface.space.space_utils import batch_utils
 
 from . import _tree
+from ._view import RowView
 from ._columns import KeyPath, resolve_key
 from ._segments import SegmentCache, SegmentIndex, check_unrecorded
 
@@ -111,7 +111,7 @@ def _keep_stacked(data: Any, paths: List[KeyPath], z: int, prefix: KeyPath = ())
     return tuple(_keep_stacked(v, paths, z, prefix + (i,)) for i, v in enumerate(data))
 
 
-class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class SliceStackedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Read-only view: sample `i` stacks the frames `i + o` for every `o` in `fixed_offset` on a new axis
     (axis 1 of a batch, axis 0 of one sample); see the module docstring for validity, filling and reads.
 
@@ -167,10 +167,6 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         self._seg_cache = SegmentCache(self.unrecorded)
 
     # ------------------------------------------------------------------ basics
-    @property
-    def window_length(self) -> int:
-        """Frames per window (`len(fixed_offset)`)."""
-        return int(self._offsets.shape[0])
 
     @property
     def anchor_position(self) -> int:
@@ -178,21 +174,9 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         return self._idx_zero
 
     @property
-    def index_source(self) -> BatchBase:
-        """The batch whose indices this view's indices are (used by samplers to find a ring buffer)."""
-        return self.batch
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def get_segments(self) -> Optional[Any]:
-        """The wrapped batch's segments (a window anchored at `i` belongs to the segment of frame `i`)."""
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
+    def window_length(self) -> int:
+        """Frames per window (`len(fixed_offset)`)."""
+        return int(self._offsets.shape[0])
 
     def expand_index(self, idx: Any) -> Any:
         """The `(B, T)` frame indices of the windows at `idx`, clipped into `[0, len)` (backend int array)."""
@@ -235,9 +219,7 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
     def get_flattened_at_with_metadata(self, idx: Any) -> Tuple[Any, Dict[str, Any]]:
         """Flat rows of the stacked windows (the flattening of this view's `single_space`) and the metadata."""
         data, meta = self._get(idx, with_metadata=True)
-        if is_single_index(idx):
-            return flatten_utils.flatten_data(self.single_space, data), meta
-        return flatten_utils.flatten_data(self._batched_space, data, start_dim=1), meta
+        return self._flatten_rows(idx, data), meta
 
     def _get(self, idx: Any, with_metadata: bool) -> Tuple[Any, Dict[str, Any]]:
         n = len(self.batch)
@@ -274,16 +256,10 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
                 read_idx = frames if mask.all() else np.take_along_axis(frames, fill_positions(mask, z), axis=1)
             else:
                 read_idx = np.clip(frames, 0, n - 1)
-            data, meta = self._read(read_idx.reshape(-1), need_meta, dedup_hint)
-            data = _tree.reshape_lead(data, (B, T))
-            if meta is not None:
-                meta = _tree.reshape_lead(meta, (B, T))
+            data, meta = self._read(read_idx, need_meta, dedup_hint)
         else:
             clipped = np.clip(frames, 0, n - 1)
-            data, meta = self._read(clipped.reshape(-1), need_meta, dedup_hint)
-            data = _tree.reshape_lead(data, (B, T))
-            if meta is not None:
-                meta = _tree.reshape_lead(meta, (B, T))
+            data, meta = self._read(clipped, need_meta, dedup_hint)
             expanded = self.backend.from_numpy(clipped, dtype=self.backend.default_index_dtype, device=self.device)
             user = self.get_valid_mask_function(self, expanded, data, meta)
             user_np = np.asarray(user if isinstance(user, np.ndarray) else self.backend.to_numpy(user))
@@ -306,8 +282,10 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
         out_meta[MASK_KEY] = self.backend.from_numpy(mask, device=self.device)
         return data, out_meta
 
-    def _read(self, flat_idx: np.ndarray, need_meta: bool, dedup_hint: bool) -> Tuple[Any, Optional[Any]]:
-        """One batched read of rows `flat_idx` of the wrapped batch (distinct rows only when deduplicating)."""
+    def _read(self, frames: np.ndarray, need_meta: bool, dedup_hint: bool) -> Tuple[Any, Optional[Any]]:
+        """One batched read of the `(B, T)` rows `frames` of the wrapped batch (distinct rows only when
+        deduplicating): `(B, T, ...)` data and metadata (None unless `need_meta`)."""
+        flat_idx = frames.reshape(-1)
         dedup = self.deduplicate
         if dedup is None:
             dedup = dedup_hint or flat_idx.shape[0] > 2 * max(len(self.batch), 1)
@@ -322,12 +300,14 @@ class SliceStackedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, B
             data, meta = self.batch.get_at_with_metadata(flat_idx)
         else:
             data, meta = self.batch.get_at(flat_idx), None
-        if inverse is not None:
-            inv = inverse.reshape(-1).astype(np.int64)
-            data = _tree.take_rows(data, inv, self.backend)
-            if meta is not None:
-                meta = _tree.take_rows(meta, inv, self.backend)
-        return data, meta
+        inv = None if inverse is None else inverse.reshape(-1).astype(np.int64)
+
+        def rows(tree: Any) -> Any:
+            if inv is not None:
+                tree = _tree.take_rows(tree, inv, self.backend)
+            return _tree.reshape_lead(tree, frames.shape)
+
+        return rows(data), (None if meta is None else rows(meta))
 
     # ------------------------------------------------------------------ ready-made mask functions
     @staticmethod

@@ -6,14 +6,12 @@ from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, 
 from typing import Any, Optional, Tuple
 
 from unienv_data.base.common import BatchBase
-from unienv_data.base.indexing import is_single_index
-from unienv_data.base.segments import episode_segments_of
-from unienv_interface.space.space_utils import flatten_utils
 
 from . import _tree
+from ._view import RowView
 
 
-class SubItemBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class SubItemBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Sample `i` of the view is the field `nested_keys` of sample `i` of `batch`.
 
     `nested_keys` is a dict key, a tuple position, or a sequence of them (a path: `("obs", "joint_pos")`); a missing
@@ -32,14 +30,6 @@ class SubItemBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self.batch = batch
         self.nested_keys = path
 
-    @property
-    def index_source(self) -> BatchBase:
-        """The batch whose indices this view's indices are."""
-        return self.batch
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
     def get_at(self, idx: Any) -> Any:
         return _tree.sub_data(self.batch.get_at(idx), self.nested_keys)
 
@@ -49,20 +39,10 @@ class SubItemBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def get_flattened_at_with_metadata(self, idx: Any) -> Tuple[Any, Optional[Any]]:
         data, meta = self.get_at_with_metadata(idx)
-        if is_single_index(idx):
-            return flatten_utils.flatten_data(self.single_space, data), meta
-        return flatten_utils.flatten_data(self._batched_space, data, start_dim=1), meta
+        return self._flatten_rows(idx, data), meta
 
     def set_flattened_at(self, idx: Any, value: Any) -> None:
         raise NotImplementedError("SubItemBatch is read-only; write the containing batch instead")
-
-    def get_segments(self) -> Optional[Any]:
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
 
 
 __all__ = ["SubItemBatch"]

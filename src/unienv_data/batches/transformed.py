@@ -9,11 +9,11 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import is_single_index, normalize_index
-from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import flatten_utils
 
 from . import _tree
+from ._view import RowView
 
 
 def _is_protocol(t: Any) -> bool:
@@ -46,7 +46,7 @@ class _Applier:
         return self.t.transform(self.source_space, data)
 
 
-class TransformedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class TransformedBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Sample `i` of the view is `transformation` applied to sample `i` of `batch`, computed on every read.
 
     `transformation` is either a plain callable, called with a *batch* (every leaf has a leading axis; an int index
@@ -86,24 +86,8 @@ class TransformedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BR
             self._inv = _Applier(transformation.direction_inverse(batch.single_space), space, "inverse")
 
     @property
-    def index_source(self) -> BatchBase:
-        """The batch whose indices this view's indices are."""
-        return self.batch
-
-    @property
     def is_mutable(self) -> bool:  # type: ignore[override]
         return self._inv is not None and bool(self.batch.is_mutable)
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def get_segments(self) -> Optional[Any]:
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
 
     def _as_batch_index(self, idx: Any) -> Tuple[Any, bool]:
         if is_single_index(idx):
@@ -128,9 +112,7 @@ class TransformedBatch(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BR
 
     def get_flattened_at_with_metadata(self, idx: Any) -> Tuple[Any, Optional[Any]]:
         data, meta = self.get_at_with_metadata(idx)
-        if is_single_index(idx):
-            return flatten_utils.flatten_data(self.single_space, data), meta
-        return flatten_utils.flatten_data(self._batched_space, data, start_dim=1), meta
+        return self._flatten_rows(idx, data), meta
 
     def set_at(self, idx: Any, value: Any) -> None:
         """Writes `inverse(value)` to the wrapped batch."""

@@ -19,10 +19,10 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import normalize_index
-from unienv_data.base.segments import episode_segments_of
 from unienv_interface.space.spaces import BinarySpace, BoxSpace, DictSpace
 
 from . import _tree
+from ._view import RowView
 from ._columns import ColumnReader, KeyPath, path_name, resolve_key
 from ._segments import SegmentCache, check_unrecorded
 
@@ -31,7 +31,7 @@ def _key_name(key: Any, path: KeyPath) -> str:
     return key if isinstance(key, str) else path_name(path)
 
 
-class NextObservationBatch(BatchBase[Any, Any, Any, Any, Any]):
+class NextObservationBatch(RowView, BatchBase[Any, Any, Any, Any, Any]):
     """Sample `i` is sample `i` of `batch` (a dict) plus `next_<obs>`, the observation of row `i + 1` when it is in
     the same episode, and `next_valid` (False on an episode's last row; see the module docstring).
 
@@ -65,21 +65,6 @@ class NextObservationBatch(BatchBase[Any, Any, Any, Any, Any]):
         B = self.batch.backend
         return {self.next_key: _tree.sub_space(self.batch.single_space, self.obs_path),
                 "next_valid": BinarySpace(B, (), device=self.batch.device)}
-
-    @property
-    def index_source(self) -> BatchBase:
-        return self.batch
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def get_segments(self) -> Optional[Any]:
-        fn = getattr(self.batch, "get_segments", None)
-        return None if fn is None else fn()
-
-    def episode_segments(self) -> Optional[Any]:
-        """The wrapped batch's recorded episodes (`episode_segments()`, else `get_segments()`)."""
-        return episode_segments_of(self.batch)
 
     def _bounds(self, anchors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self._seg_cache.get(self.batch).bounds(anchors)

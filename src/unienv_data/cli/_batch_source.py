@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.segments import episode_segments_of
 
 
@@ -34,7 +35,7 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-class BatchSource:
+class BatchSource(ClosesOnExit):
     """`batch` read as a dataset: its rows in order, its `get_segments()` as the episodes (none when it has no
     segment information), no fixed capacity.
 
@@ -104,12 +105,6 @@ class BatchSource:
 
     def close(self) -> None:
         self.batch.close()
-
-    def __enter__(self) -> "BatchSource":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 __all__ = ["BatchSource", "backend_class", "folder_bytes"]

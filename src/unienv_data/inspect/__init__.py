@@ -36,6 +36,7 @@ from ._walk import detect, walk
 # also importable from here, outside `__all__` (the commands use some of them)
 from ._records import (ARRAY_KINDS, DIRECTORY_METADATA, HDF5_ATTRIBUTE, HDF5_EXTENSIONS,  # noqa: F401
                        IMAGE_EXTENSIONS, SIDECAR_SUFFIX)
+from ._open import storage_columns  # noqa: F401
 from ._space_json import itemsize, leaf_nbytes  # noqa: F401
 from ._summary import node_details, rotation  # noqa: F401
 from ._walk import MAX_DEPTH, node_runs  # noqa: F401

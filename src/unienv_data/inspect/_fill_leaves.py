@@ -73,12 +73,18 @@ def _array_space_json(dtype: Any, shape: Any) -> Dict[str, Any]:
     return {"type": "BoxSpace", "shape": list(shape or []), "dtype": dtype, "low": float("-inf"), "high": float("inf")}
 
 
-def _fill_video(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+def _fill_frames(node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+    """What a video and an image storage record alike: capacity, length, segments, and the space (uint8 frames
+    of the recorded `shape` when the metadata has no space)."""
     node.capacity = _int_or_none(meta.get("capacity"))
     node.length = _int_or_none(meta.get("length"))
     node.runs = _runs(meta.get("segments"))
     node.space_json = space_json or {"type": "BoxSpace", "shape": meta.get("shape"), "dtype": "uint8", "low": 0,
                                      "high": 255}
+
+
+def _fill_video(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
+    _fill_frames(node, meta, space_json)
     files = meta.get("files")
     if node.format_version == 0:
         node.notes.append(f"{node.rel}: written by the reference unienv (opens read-only)")
@@ -108,11 +114,7 @@ def _fill_video(root: str, node: StorageNode, meta: Dict[str, Any], space_json: 
 
 
 def _fill_image(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
-    node.capacity = _int_or_none(meta.get("capacity"))
-    node.length = _int_or_none(meta.get("length"))
-    node.runs = _runs(meta.get("segments"))
-    node.space_json = space_json or {"type": "BoxSpace", "shape": meta.get("shape"), "dtype": "uint8", "low": 0,
-                                     "high": 255}
+    _fill_frames(node, meta, space_json)
     ext = IMAGE_EXTENSIONS.get(str(meta.get("format", "")).upper())
     written = _checked_rows(node, _runs(meta.get("written")) or [], "written")
     if ext is None:

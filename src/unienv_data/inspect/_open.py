@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.ring import logical_row, run_length
 
@@ -64,7 +65,26 @@ def _space_leaves(space: Any, prefix: Tuple[str, ...] = ()) -> Dict[str, Any]:
     return {"/".join(prefix) or "<value>": space}
 
 
-class OpenedDataset:
+def storage_columns(storage: Any) -> List[Tuple[Any, Tuple[str, ...], List[str]]]:
+    """`(child storage, key prefix of its values, leaf keys it holds)` per child of a `DictStorage` (so a read of
+    some keys gathers only the children holding them); one entry for the whole storage otherwise."""
+    from unienv_data.storages.dict_storage import DictStorage
+    if not isinstance(storage, DictStorage):
+        return [(storage, (), list(_space_leaves(storage.single_instance_space)))]
+    sep = storage.nested_separator
+    groups = storage.groups
+    out = []
+    for key, child in storage.storages.items():
+        if key in groups:
+            prefix: Tuple[str, ...] = ()
+        else:
+            parts = tuple(key.split(sep))
+            prefix = parts[:-1] if parts[-1] == "*" else parts
+        out.append((child, prefix, list(_space_leaves(child.single_instance_space, prefix))))
+    return out
+
+
+class OpenedDataset(ClosesOnExit):
     """A dataset opened read-only: rows by logical index, single keys, episodes (see the module docstring)."""
 
     def __init__(self, path: str, root: StorageNode, obj: Any, backend: Any) -> None:
@@ -78,7 +98,7 @@ class OpenedDataset:
         self.capacity: Optional[int] = self.storage.capacity
         self._rot = 0 if self.is_buffer else rotation(root.runs, self.capacity)
         self.leaf_spaces: Dict[str, Any] = _space_leaves(self.space)
-        self._columns = self._plan_columns()
+        self._columns = storage_columns(self.storage)
 
     def __len__(self) -> int:
         return len(self.obj)
@@ -122,29 +142,6 @@ class OpenedDataset:
                 out.append(k)
         return out
 
-    def _plan_columns(self) -> List[Tuple[Any, Tuple[str, ...], List[str]]]:
-        """`(child storage, prefix of its values, leaf keys it holds)` per child of a DictStorage; one entry for
-        the whole storage otherwise."""
-        st = self.storage
-        try:
-            from unienv_data.storages.dict_storage import DictStorage
-        except ImportError:
-            return [(st, (), list(self.leaf_spaces))]
-        if not isinstance(st, DictStorage):
-            return [(st, (), list(self.leaf_spaces))]
-        sep = st.nested_separator
-        groups = st.groups
-        out = []
-        for key, child in st.storages.items():
-            if key in groups:
-                prefix: Tuple[str, ...] = ()
-            else:
-                parts = tuple(key.split(sep))
-                prefix = parts[:-1] if parts[-1] == "*" else parts
-            keys = list(_space_leaves(child.single_instance_space, prefix))
-            out.append((child, prefix, keys))
-        return out
-
     def columns(self) -> List[Tuple[Any, Tuple[str, ...], List[str]]]:
         """`(storage, key prefix of its values, leaf keys it holds)` for each child storage of a `DictStorage`
         (one entry for the whole storage otherwise); rows of these storages are physical rows."""
@@ -174,12 +171,6 @@ class OpenedDataset:
 
     def close(self) -> None:
         self.obj.close()
-
-    def __enter__(self) -> "OpenedDataset":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] = None) -> OpenedDataset:

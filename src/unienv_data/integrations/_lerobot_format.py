@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import load_json
 from unienv_data.storages._episode_files import import_optional
 
 #: codebase versions this parser reads
@@ -39,6 +40,8 @@ CAMERA_DTYPES = ("video", "image")
 #: does
 SPACES_FILE = "unienv_spaces.json"
 SPACES_FORMAT = "unienv_data LeRobot feature spaces"
+#: how error messages name a JSON file of a LeRobot dataset's `meta/` folder
+_LEROBOT_FILE = "LeRobot dataset metadata file"
 
 
 def read_recorded_spaces(root: str) -> Dict[str, Any]:
@@ -47,7 +50,7 @@ def read_recorded_spaces(root: str) -> Dict[str, Any]:
     path = os.path.join(root, "meta", SPACES_FILE)
     if not os.path.isfile(path):
         return {}
-    raw = _read_json(path)
+    raw = load_json(path, _LEROBOT_FILE)
     if not isinstance(raw, dict) or raw.get("format") != SPACES_FORMAT or not isinstance(raw.get("features"), dict):
         raise StorageFormatError(f"{path}: expected {{'format': {SPACES_FORMAT!r}, 'features': {{name: space}}}}; "
                                  "delete the file to read the dataset with LeRobot's own feature types")
@@ -158,16 +161,6 @@ class LeRobotLayout:
 
 
 # ---------------------------------------------------------------------------------------------------- small readers
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise StorageNotFoundError(f"{path} is missing: not a LeRobot dataset folder (or an incomplete one)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StorageFormatError(f"{path} is not valid JSON ({exc}): the file is damaged") from None
-
-
 def _read_jsonl(path: str) -> List[Dict[str, Any]]:
     rows: List[Dict[str, Any]] = []
     try:
@@ -213,7 +206,7 @@ def _int(v: Any, where: str, what: str) -> int:
 def parse_info(root: str) -> LeRobotSchema:
     """`meta/info.json` as a `LeRobotSchema`; StorageFormatError for an unsupported `codebase_version`."""
     path = os.path.join(root, "meta", "info.json")
-    info = _read_json(path)
+    info = load_json(path, _LEROBOT_FILE)
     if not isinstance(info, dict):
         raise StorageFormatError(f"{path} must hold a JSON object")
     version = info.get("codebase_version")

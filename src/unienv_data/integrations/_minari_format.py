@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
+from unienv_data.base.files import load_json
+from unienv_data.batches._tree import set_path
 from unienv_data.storages._list_helpers import require_module
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace, TupleSpace
 
@@ -81,20 +83,10 @@ def is_minari_dir(path: Any) -> bool:
     return meta.get("data_format") in FORMATS and "total_episodes" in meta
 
 
-def read_json_file(path: str) -> Any:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise StorageNotFoundError(f"{WHO}: file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StorageFormatError(f"{WHO}: {path} is not valid JSON ({exc}); the file is damaged") from None
-
-
 def read_metadata(data_dir: str) -> Dict[str, Any]:
     """`data/metadata.json`, with its fields checked."""
     path = os.path.join(data_dir, METADATA_FILE)
-    meta = read_json_file(path)
+    meta = load_json(path, f"{WHO}: Minari metadata")
     if not isinstance(meta, dict):
         raise StorageFormatError(f"{WHO}: {path} must hold a JSON object")
     fmt = meta.get("data_format", "hdf5")
@@ -392,16 +384,21 @@ class HDF5Episodes(EpisodeSource):
             self.file.close()
             raise
 
+    def _member(self, parent: Any, key: str, what: str, missing: str) -> Any:
+        """`parent[key]` (an HDF5 group or dataset, called `what` in messages); StorageFormatError when it is
+        missing (the message ends with `missing`) or cannot be read."""
+        try:
+            return parent[key]
+        except KeyError:
+            raise StorageFormatError(f"{WHO}: {self.path}{missing}") from None
+        except (OSError, RuntimeError) as exc:
+            raise StorageFormatError(f"{WHO}: {self.path}: {what} cannot be read ({exc}); the file is damaged") from None
+
     def _group(self, episode: int) -> Any:
         name = f"episode_{episode}"
-        try:
-            return self.file[name]
-        except KeyError:
-            raise StorageFormatError(f"{WHO}: {self.path} has no group {name!r} ({self.num_episodes} episodes are "
-                                     "recorded in metadata.json); the file is incomplete") from None
-        except (OSError, RuntimeError) as exc:
-            raise StorageFormatError(f"{WHO}: {self.path}: the group {name!r} cannot be read ({exc}); the file is "
-                                     "damaged") from None
+        return self._member(self.file, name, f"the group {name!r}",
+                            f" has no group {name!r} ({self.num_episodes} episodes are recorded in metadata.json); "
+                            "the file is incomplete")
 
     def _dataset(self, episode: int, field: str, path: Path = ()) -> Any:
         parts = [field] + [f"_index_{p}" if isinstance(p, int) else str(p) for p in path]
@@ -409,16 +406,10 @@ class HDF5Episodes(EpisodeSource):
         cached = self._datasets.get((episode, key))
         if cached is not None:
             return cached
-        group = self._group(episode)
-        try:
-            ds = self._datasets[(episode, key)] = group[key]
-            return ds
-        except KeyError:
-            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode} has no dataset {key!r}; the file does "
-                                     "not match the spaces in metadata.json") from None
-        except (OSError, RuntimeError) as exc:
-            raise StorageFormatError(f"{WHO}: {self.path}: episode_{episode}/{key} cannot be read ({exc}); the file "
-                                     "is damaged") from None
+        ds = self._datasets[(episode, key)] = self._member(
+            self._group(episode), key, f"episode_{episode}/{key}",
+            f": episode_{episode} has no dataset {key!r}; the file does not match the spaces in metadata.json")
+        return ds
 
     def _index_episodes(self) -> None:
         for e in range(self.num_episodes):
@@ -485,12 +476,7 @@ class HDF5Episodes(EpisodeSource):
     def episode_attrs(self, episode: int) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {}
         for k, v in self._group(episode).attrs.items():
-            v = v.item() if isinstance(v, np.generic) else v
-            node = attrs
-            parts = str(k).split("/")
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-            node[parts[-1]] = v
+            set_path(attrs, str(k).split("/"), v.item() if isinstance(v, np.generic) else v)
         return attrs
 
     def close(self) -> None:
@@ -526,7 +512,7 @@ class ArrowEpisodes(EpisodeSource):
         for e in range(self.num_episodes):  # the per-episode metadata files must agree with the data
             mpath = os.path.join(self.data_dir, str(e), METADATA_FILE)
             if os.path.exists(mpath):
-                m = read_json_file(mpath)
+                m = load_json(mpath, f"{WHO}: Minari metadata")
                 if isinstance(m, dict) and "total_steps" in m and int(m["total_steps"]) != self.lengths[e]:
                     raise StorageFormatError(f"{WHO}: {mpath} says total_steps={m['total_steps']} but the episode's "
                                              f"Arrow data holds {self.lengths[e]} steps")
@@ -612,7 +598,7 @@ class ArrowEpisodes(EpisodeSource):
         path = os.path.join(self.data_dir, str(episode), METADATA_FILE)
         if not os.path.exists(path):
             return {"id": episode}
-        m = read_json_file(path)
+        m = load_json(path, f"{WHO}: Minari metadata")
         return m if isinstance(m, dict) else {"id": episode}
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import normalize_index
+from unienv_data.batches._tree import set_path
 from unienv_data.storages._list_helpers import require_module
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
@@ -288,10 +289,7 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
             value = self._leaf(table, col, row0)
             if single:
                 value = value[0] if col.kind == "text" else value[0, ...]  # a 0-d array, not a NumPy scalar
-            node = out
-            for key in col.path[:-1]:
-                node = node.setdefault(key, {})
-            node[col.path[-1]] = value
+            set_path(out, col.path, value)
         return out
 
     def get_at_with_metadata(self, idx: Any) -> Tuple[Any, Dict[str, Any]]:

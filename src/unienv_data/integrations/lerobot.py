@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.common import BatchBase
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.indexing import normalize_index
@@ -112,7 +113,7 @@ def _select(schema: LeRobotSchema, include: Optional[Sequence[str]], exclude: Op
     return names
 
 
-class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
+class LeRobotAsUniEnvDataset(ClosesOnExit, BatchBase[Any, Any, Any, Any, Any]):
     """A LeRobot dataset as a read-only batch of flat dict samples, one per frame (see the module docstring)."""
 
     is_mutable = False
@@ -341,12 +342,6 @@ class LeRobotAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
             for cam in self._cameras.values():
                 cam.close()
             self._closed = True
-
-    def __enter__(self) -> "LeRobotAsUniEnvDataset":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"LeRobotAsUniEnvDataset({self._layout.root!r}, {self._schema.codebase_version}, {self._n} frames, "

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.common import BatchBase
 from unienv_data.base.indexing import normalize_index
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -50,7 +51,7 @@ def _step_space(backend: Any, device: Any, dtype: np.dtype) -> Space:
     return BoxSpace(backend, info.min, info.max, dtype, device=device, shape=())
 
 
-class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
+class MinariAsUniEnvDataset(ClosesOnExit, BatchBase[Any, Any, Any, Any, Any]):
     """A read-only batch of the steps of a Minari dataset (see the module docstring)."""
 
     is_mutable = False
@@ -301,12 +302,6 @@ class MinariAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
             raise StorageClosedError(f"{WHO} of {self.data_dir} was closed; a closed dataset cannot be pickled")
         return (_reopen, (self.data_dir, self.backend, self.device, self.include_next_observations,
                           None if self._parent is None else list(self._fields)))
-
-    def __enter__(self) -> "MinariAsUniEnvDataset":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _reopen(data_dir: str, backend: Any, device: Any, include_next_observations: bool,

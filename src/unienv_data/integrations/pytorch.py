@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.common import BatchBase, BatchSampler
 from unienv_data.batches._tree import collate_to_torch, warn_slow_worker_transfer
 from unienv_data.base.indexing import is_single_index, normalize_index
@@ -288,7 +289,7 @@ def _stop_producer(stop: threading.Event, q: "queue.Queue[Any]", thread: threadi
         thread.join(timeout)
 
 
-class PinnedPrefetcher:
+class PinnedPrefetcher(ClosesOnExit):
     """Yields the batches of `source` in order, fetched up to `depth` ahead on a background thread.
 
     `source` is a sampler (anything with a callable ``sample()``: an endless stream of ``sample()`` calls, e.g. a
@@ -368,12 +369,6 @@ class PinnedPrefetcher:
     def is_alive(self) -> bool:
         """Whether the background thread is still running."""
         return self._thread.is_alive()
-
-    def __enter__(self) -> "PinnedPrefetcher":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 from .torch_loader import shared_memory_dataloader  # noqa: E402  (re-exported: the DataLoader for workers)

@@ -26,6 +26,7 @@ leaves it in ``/dev/shm`` (named ``unienv-sampler-<pid>-*.shm``). Works with ``f
 from __future__ import annotations
 
 import collections
+import dataclasses
 import weakref
 from typing import Any, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -149,19 +150,21 @@ class _SlotDataset(Dataset):  # type: ignore[type-arg]
         return _InSlot(self.path, self.n_slots, self.slot_bytes, slot, spec)
 
 
+@dataclasses.dataclass(eq=False)
 class _SlotBatchSampler:
     """Index batches (shuffled with a seeded generator, a new permutation each epoch) paired with a free slot."""
 
-    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: Optional[int],
-                 free: Optional[Deque[int]], path: str = "", persistent: bool = False) -> None:
-        self.path = path
-        self.persistent = persistent
-        self.n = n
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
+    n: int
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: dataclasses.InitVar[Optional[int]]
+    free: Optional[Deque[int]]
+    path: str = ""
+    persistent: bool = False
+
+    def __post_init__(self, seed: Optional[int]) -> None:
         self.rng = np.random.default_rng(seed)
-        self.free = free
 
     def __len__(self) -> int:
         return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)

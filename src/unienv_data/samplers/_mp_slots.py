@@ -17,6 +17,7 @@ import numpy as np
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import flatten_utils
 
+
 from ._mp_packing import ALIGN, align
 
 

@@ -81,6 +81,7 @@ from typing import Any, Deque, Dict, Iterator, List, NoReturn, Optional, Sequenc
 
 import numpy as np
 
+from unienv_data.base.closing import ClosesOnExit
 from unienv_data.base.common import BatchBase, BatchSampler
 
 from ._mp_packing import unpack
@@ -135,7 +136,7 @@ class _Failure:
         return SamplerWorkerError(f"sampler worker {self.worker} raised an exception", self.text)
 
 
-class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
+class MultiprocessingSampler(ClosesOnExit, BatchSampler[Any, Any, Any, Any, Any]):
     """Runs `sampler` in `n_workers` worker processes that keep up to `n_buffers` batches ready (module docstring).
 
     Arguments beyond the reference API (keyword-only): `seed` (base of the per-worker seeds; None draws fresh
@@ -223,12 +224,6 @@ class MultiprocessingSampler(BatchSampler[Any, Any, Any, Any, Any]):
     def __getstate__(self) -> Dict[str, Any]:
         raise TypeError("a MultiprocessingSampler owns worker processes and cannot be pickled; pickle the wrapped "
                         "sampler instead")
-
-    def __enter__(self) -> "MultiprocessingSampler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stops the workers (a stop message each, join for up to `timeout` s, then terminate, then kill) and frees

@@ -22,7 +22,7 @@ import numpy as np
 from unienv_data.base.arguments import check_capacity, check_count, import_optional
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import (PathLike, check_format_version, link_or_copy, read_json, remove_quietly,
-                                    same_file)
+                                    replacing_allowed, same_file)
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.ring import ring_rows

@@ -174,6 +174,29 @@ class StorageConformance:
             st.set(i, v)
         return st, vals
 
+    def append_segment(self, st: Any, start: int, n: int = 1) -> List[Any]:
+        """Records an append-built segment of `n` new values at row `start` of `st`; returns the values."""
+        vals = self.values(n)
+        st.mark_segment_start(start)
+        for v in vals:
+            st.append(v)
+        st.mark_segment_end()
+        return vals
+
+    def filled_writer(self, st: Any, n: int) -> Tuple[Any, List[Any]]:
+        """A new segment writer of `st` holding `n` new values (not committed), and the values."""
+        w = st.open_segment_writer()
+        vals = self.values(n)
+        for v in vals:
+            w.append(v)
+        return w, vals
+
+    def assert_closed_segments(self, st: Any, expected: List[Tuple[int, int]]) -> None:
+        """No segment of `st` is open (nothing pending) and its recorded episodes are `expected`."""
+        assert not st.has_open_segment
+        assert st.pending_segment_length == 0
+        assert st.episode_segments() == expected
+
     def assert_rows(self, st: Any, expected: Sequence[Any]) -> None:
         assert len(st) == len(expected)
         for i, v in enumerate(expected):
@@ -357,9 +380,7 @@ class StorageConformance:
             assert st.pending_segment_length == k + 1
             self.assert_equal(st.get(1 + k), v)
         st.mark_segment_end()
-        assert not st.has_open_segment
-        assert st.pending_segment_length == 0
-        assert st.episode_segments() == [(1, 3)]
+        self.assert_closed_segments(st, [(1, 3)])
         for k, v in enumerate(vals):
             self.assert_equal(st.get(1 + k), v)
 
@@ -400,15 +421,9 @@ class StorageConformance:
         c = self.capacity
         st = self.new_storage(tmp_path)
         for start in (0, 2):
-            st.mark_segment_start(start)
-            for v in self.values(2):
-                st.append(v)
-            st.mark_segment_end()
+            self.append_segment(st, start, 2)
         assert st.episode_segments() == [(0, 1), (2, 3)]
-        st.mark_segment_start(3)
-        for v in self.values(2):
-            st.append(v)
-        st.mark_segment_end()
+        self.append_segment(st, 3, 2)
         assert st.episode_segments() == [(0, 1), (2, 2), (3, 4)]
         st.mark_segment_start(c - 1)
         for v in self.values(2):
@@ -467,20 +482,13 @@ class StorageConformance:
 
     def test_abort_segment(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
-        st.mark_segment_start(0)
-        for v in self.values(2):
-            st.append(v)
-        st.mark_segment_end()
+        self.append_segment(st, 0, 2)
         st.mark_segment_start(3)
         st.append(self.values(1)[0])
         st.abort_segment()
-        assert not st.has_open_segment
-        assert st.pending_segment_length == 0
-        assert st.episode_segments() == [(0, 1)]
+        self.assert_closed_segments(st, [(0, 1)])
         expect_error(STATE_ERRORS, st.append, self.values(1)[0])
-        st.mark_segment_start(4)
-        st.append(self.values(1)[0])
-        st.mark_segment_end()
+        self.append_segment(st, 4)
         assert st.episode_segments() == [(0, 1), (4, 4)]
 
     # ================================================================== segment writers
@@ -525,10 +533,7 @@ class StorageConformance:
 
     def test_writer_finish_then_commit(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
-        w = st.open_segment_writer()
-        vals = self.values(2)
-        for v in vals:
-            w.append(v)
+        w, vals = self.filled_writer(st, 2)
         assert not w.is_finished
         w.finish()
         w.finish()
@@ -542,9 +547,7 @@ class StorageConformance:
 
     def test_writer_commit_twice_raises_and_changes_nothing(self, tmp_path: Any) -> None:
         st, _ = self.filled(tmp_path)
-        w = st.open_segment_writer()
-        for v in self.values(2):
-            w.append(v)
+        w, _ = self.filled_writer(st, 2)
         w.commit(0)
         snap = self.snapshot(st)
         expect_error(STATE_ERRORS, w.commit, 3)
@@ -556,9 +559,7 @@ class StorageConformance:
     def test_writer_commit_after_abort_raises_and_changes_nothing(self, tmp_path: Any) -> None:
         st, _ = self.filled(tmp_path)
         snap = self.snapshot(st)
-        w = st.open_segment_writer()
-        for v in self.values(2):
-            w.append(v)
+        w, _ = self.filled_writer(st, 2)
         w.abort()
         assert w.is_finished
         expect_error(STATE_ERRORS, w.commit, 0)
@@ -567,13 +568,9 @@ class StorageConformance:
 
     def test_writer_longer_than_capacity_raises_and_changes_nothing(self, tmp_path: Any) -> None:
         st, _ = self.filled(tmp_path)
-        st.mark_segment_start(0)
-        st.append(self.values(1)[0])
-        st.mark_segment_end()
+        self.append_segment(st, 0)
         snap = self.snapshot(st)
-        w = st.open_segment_writer()
-        for v in self.values(self.capacity + 1):
-            w.append(v)
+        w, _ = self.filled_writer(st, self.capacity + 1)
         expect_error((ValueError,), w.commit, 1)
         self.assert_unchanged(st, snap)
 
@@ -596,10 +593,7 @@ class StorageConformance:
 
     def test_writer_and_append_segments_coexist(self, tmp_path: Any) -> None:
         st = self.new_storage(tmp_path)
-        w = st.open_segment_writer()
-        wv = self.values(2)
-        for v in wv:
-            w.append(v)
+        w, wv = self.filled_writer(st, 2)
         av = self.values(2)
         st.mark_segment_start(0)
         for v in av:
@@ -621,15 +615,11 @@ class StorageConformance:
             except AssertionError:
                 nonzero_rows += 1
         assert nonzero_rows > 0, "the test needs rows that differ from zero"
-        st.mark_segment_start(0)
-        st.append(self.values(1)[0])
-        st.mark_segment_end()
+        self.append_segment(st, 0)
         st.mark_segment_start(2)
         st.append(self.values(1)[0])
         st.clear()
-        assert not st.has_open_segment
-        assert st.pending_segment_length == 0
-        assert st.episode_segments() == []
+        self.assert_closed_segments(st, [])
         assert len(st) == self.capacity
         for i in range(len(st)):
             self.assert_equal(st.get(i), zero)
@@ -644,14 +634,8 @@ class StorageConformance:
     def _storage_with_segments(self, tmp_path: Any) -> Tuple[Any, List[Any]]:
         c = self.capacity
         st, model = self.filled(tmp_path)
-        st.mark_segment_start(1)
-        for v in self.values(2):
-            st.append(v)
-        st.mark_segment_end()
-        w = st.open_segment_writer()
-        wrap = self.values(2)
-        for v in wrap:
-            w.append(v)
+        self.append_segment(st, 1, 2)
+        w, wrap = self.filled_writer(st, 2)
         w.commit(c - 1)
         model = [st.get(i) for i in range(c)]
         assert st.episode_segments() == [(1, 2), (c - 1, 0)]
@@ -1051,10 +1035,7 @@ class StorageConformance:
     def test_growable_clear_empties(self, tmp_path: Any) -> None:
         self.require_growable()
         st = self.new_storage(tmp_path, None)
-        st.mark_segment_start(0)
-        for v in self.values(3):
-            st.append(v)
-        st.mark_segment_end()
+        self.append_segment(st, 0, 3)
         st.clear()
         assert len(st) == 0
         assert st.episode_segments() == []

@@ -368,13 +368,7 @@ class StorageStateMachine(RuleBasedStateMachine):
                 pass
             else:
                 raise AssertionError("an append-built segment grew past the capacity")
-        if finish == "end":
-            self.storage.mark_segment_end()
-            self.model.end_open()
-        else:
-            self.storage.abort_segment()
-            self.model.abort_open()
-        self._then(then)
+        self._finish_open(abort=finish != "end", then=then)
 
     @precondition(lambda self: self.model.open is None)
     @rule(data=st.data())
@@ -409,6 +403,10 @@ class StorageStateMachine(RuleBasedStateMachine):
     def end_open_segment(self, abort: bool, then: str) -> None:
         """Ends (records) or aborts the segment left open."""
         assert self.model.open is not None
+        self._finish_open(abort, then)
+
+    def _finish_open(self, abort: bool, then: str) -> None:
+        """Aborts or ends (records) the open segment, in the storage and in the model; then does `then`."""
         if abort:
             self.storage.abort_segment()
             self.model.abort_open()

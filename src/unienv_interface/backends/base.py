@@ -7,7 +7,7 @@ libraries, dtype classification and names, devices, a functional random-number A
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -25,6 +25,19 @@ DTYPE_NAMES: Tuple[str, ...] = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
 )
+
+#: The kind of number each canonical dtype holds: "b" boolean, "i" integer (signed or unsigned), "f" real
+#: floating point, "c" complex. The dtype predicates of every backend read it.
+DTYPE_KINDS: Dict[str, str] = {name: ("b" if name == "bool" else "i" if "int" in name else "c" if "complex" in name
+                                      else "f") for name in DTYPE_NAMES}
+
+
+def _kind_test(kind: str, what: str) -> Any:
+    """A `dtype_is_*` classmethod: whether a dtype of the backend is one of `kind` (see `DTYPE_KINDS`)."""
+    def test(cls: Any, dtype: Any) -> bool:
+        return cls.dtype_kind(dtype) == kind
+    test.__doc__ = f"True when `dtype` is a {what} dtype of this backend."
+    return classmethod(test)
 
 
 class _BackendMeta(type):
@@ -109,6 +122,9 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     default_index_dtype: Any = None
     default_floating_dtype: Any = None
     default_boolean_dtype: Any = None
+    #: the library's name in messages, and its dtypes by canonical name (a subset of `DTYPE_NAMES`)
+    library_name: str = "this backend"
+    _dtypes_by_name: Dict[str, Any] = {}
     inf: float = float("inf")
     nan: float = float("nan")
     random: Any = None
@@ -149,26 +165,30 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
 
     # ----------------------------------------------------------------- dtypes
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        raise NotImplementedError
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        raise NotImplementedError
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        raise NotImplementedError
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
-        """Canonical name of a dtype of this backend ('float32', 'bfloat16', ...)."""
+        """Canonical name of a dtype of this backend ('float32', 'bfloat16', ...); ValueError for another."""
         raise NotImplementedError
 
     @classmethod
     def dtype_from_name(cls, name: str) -> Any:
         """The dtype called `name` (one of `DTYPE_NAMES`); ValueError if this backend lacks it."""
-        raise NotImplementedError
+        try:
+            return cls._dtypes_by_name[name]
+        except KeyError:
+            raise ValueError(f"{cls.library_name} has no dtype named {name!r}; expected one of "
+                             f"{sorted(cls._dtypes_by_name)}") from None
+
+    @classmethod
+    def dtype_kind(cls, dtype: Any) -> str:
+        """`DTYPE_KINDS` of `dtype`, or "" when it is not a dtype of this backend."""
+        try:
+            return DTYPE_KINDS[cls.dtype_name(dtype)]
+        except (TypeError, ValueError):
+            return ""
+
+    dtype_is_real_integer = _kind_test("i", "signed or unsigned integer")
+    dtype_is_real_floating = _kind_test("f", "real floating-point")
+    dtype_is_boolean = _kind_test("b", "boolean")
 
     @classmethod
     def as_dtype(cls, dtype: Any) -> Any:
@@ -178,7 +198,8 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     @classmethod
     def numpy_dtype(cls, dtype: Any) -> np.dtype:
         """The NumPy dtype holding the same bytes (bfloat16 maps to its raw 16-bit pattern, uint16)."""
-        raise NotImplementedError
+        name = cls.dtype_name(dtype)
+        return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
     @classmethod
     def promote_types(cls, *dtypes: Any) -> Any:
@@ -242,13 +263,12 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     @classmethod
     def dtype_names(cls) -> Dict[str, Any]:
         """Every dtype this backend has, by canonical name."""
-        out = {}
-        for n in DTYPE_NAMES:
-            try:
-                out[n] = cls.dtype_from_name(n)
-            except ValueError:
-                pass
-        return out
+        return {n: cls._dtypes_by_name[n] for n in DTYPE_NAMES if n in cls._dtypes_by_name}
+
+
+def as_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+    """A shape argument of the random API as a tuple (an int `n` means `(n,)`)."""
+    return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 def check_shape(shape: Sequence[int]) -> Tuple[int, ...]:

@@ -5,16 +5,14 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-try:
-    import jax
-    import jax.numpy as jnp
-    import array_api_compat
-except ImportError as exc:  # pragma: no cover - exercised only without jax
-    raise ModuleNotFoundError(
-        "unienv_interface.backends.jax needs JAX; install the extra: pip install 'unienv-storage[jax]'"
-    ) from exc
+from unienv_interface._optional import import_optional
 
-from .base import ComputeBackend
+from .base import ComputeBackend, as_shape
+
+import_optional("jax", "jax", "unienv_interface.backends.jax")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import array_api_compat  # noqa: E402
 
 JaxArrayType = jax.Array
 JaxDeviceType = Any
@@ -37,36 +35,31 @@ class _JaxRandom:
     def random_discrete_uniform(shape: Union[int, Tuple[int, ...]], from_num: int, to_num: int, *, rng: jax.Array,
                                 dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.randint(sub, shape, from_num, to_num, dtype=dtype or jnp.int32)
+        return rng, jax.random.randint(sub, as_shape(shape), from_num, to_num, dtype=dtype or jnp.int32)
 
     @staticmethod
     def random_uniform(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, low: Any = 0.0, high: Any = 1.0,
                        dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.uniform(sub, shape, dtype=dtype or jnp.float32, minval=low, maxval=high)
+        return rng, jax.random.uniform(sub, as_shape(shape), dtype=dtype or jnp.float32, minval=low, maxval=high)
 
     @staticmethod
     def random_normal(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, mean: Any = 0.0, std: Any = 1.0,
                       dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.normal(sub, shape, dtype=dtype or jnp.float32) * std + mean
+        return rng, jax.random.normal(sub, as_shape(shape), dtype=dtype or jnp.float32) * std + mean
 
     @staticmethod
     def random_exponential(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, lambd: float = 1.0,
                            dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.exponential(sub, shape, dtype=dtype or jnp.float32) / lambd
+        return rng, jax.random.exponential(sub, as_shape(shape), dtype=dtype or jnp.float32) / lambd
 
     @staticmethod
     def random_geometric(shape: Union[int, Tuple[int, ...]], *, rng: jax.Array, p: float = 0.5,
                          dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
         rng, sub = jax.random.split(rng)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return rng, jax.random.geometric(sub, p, shape, dtype=dtype or jnp.int32)
+        return rng, jax.random.geometric(sub, p, as_shape(shape), dtype=dtype or jnp.int32)
 
     @staticmethod
     def random_permutation(n: int, *, rng: jax.Array, dtype: Any = None, device: Any = None) -> Tuple[jax.Array, jax.Array]:
@@ -107,6 +100,8 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
 
     _xp = array_api_compat.array_namespace(jnp.zeros(1))
     simplified_name = "jax"
+    library_name = "JAX"
+    _dtypes_by_name = _JAX_NAMES
     array_type = jax.Array
     default_integer_dtype = jnp.dtype("int64") if _X64 else jnp.dtype("int32")
     default_index_dtype = default_integer_dtype
@@ -151,18 +146,6 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
         return x if device is None else jax.device_put(x, device)
 
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        return jnp.dtype(dtype).kind in "iu"
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        return jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        return jnp.dtype(dtype) == jnp.dtype("bool")
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
         name = jnp.dtype(dtype).name
         if name not in _JAX_NAMES:
@@ -170,22 +153,10 @@ class JaxComputeBackend(ComputeBackend[Any, Any, Any, Any]):
         return name
 
     @classmethod
-    def dtype_from_name(cls, name: str) -> Any:
-        try:
-            return _JAX_NAMES[name]
-        except KeyError:
-            raise ValueError(f"JAX has no dtype named {name!r}; expected one of {sorted(_JAX_NAMES)}") from None
-
-    @classmethod
     def as_dtype(cls, dtype: Any) -> Any:
         if isinstance(dtype, str):
             return cls.dtype_from_name(dtype)
         return jnp.dtype(dtype)
-
-    @classmethod
-    def numpy_dtype(cls, dtype: Any) -> np.dtype:
-        d = jnp.dtype(dtype)
-        return np.dtype(np.uint16) if d.name == "bfloat16" else np.dtype(d.name)
 
     @classmethod
     def promote_types(cls, *dtypes: Any) -> Any:

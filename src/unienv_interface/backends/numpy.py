@@ -71,16 +71,14 @@ class NumpyComputeBackend(ComputeBackend[np.ndarray, Any, np.dtype, np.random.Ge
 
     _xp = _xnp
     simplified_name = "numpy"
+    library_name = "NumPy"
+    _dtypes_by_name = _NUMPY_NAMES
     array_type = np.ndarray
     default_integer_dtype = np.dtype(np.int64)
     default_index_dtype = np.dtype(np.int64)
     default_floating_dtype = np.dtype(np.float64)
     default_boolean_dtype = np.dtype(np.bool_)
     random = _NumpyRandom
-
-    @classmethod
-    def is_backendarray(cls, x: Any) -> bool:
-        return isinstance(x, np.ndarray)
 
     @classmethod
     def from_numpy(cls, a: np.ndarray, dtype: Any = None, device: Any = None) -> np.ndarray:
@@ -114,40 +112,12 @@ class NumpyComputeBackend(ComputeBackend[np.ndarray, Any, np.dtype, np.random.Ge
         return x
 
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        try:
-            return np.dtype(dtype).kind in "iu"
-        except TypeError:
-            return False
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        try:
-            return np.dtype(dtype).kind == "f"
-        except TypeError:
-            return False
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        try:
-            return np.dtype(dtype).kind == "b"
-        except TypeError:
-            return False
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
         dt = np.dtype(dtype)
         name = {"?": "bool"}.get(dt.char, dt.name)
         if name not in _NUMPY_NAMES:
             raise ValueError(f"unsupported NumPy dtype {dt!r}; expected one of {sorted(_NUMPY_NAMES)}")
         return name
-
-    @classmethod
-    def dtype_from_name(cls, name: str) -> np.dtype:
-        try:
-            return _NUMPY_NAMES[name]
-        except KeyError:
-            raise ValueError(f"NumPy has no dtype named {name!r}; expected one of {sorted(_NUMPY_NAMES)}") from None
 
     @classmethod
     def as_dtype(cls, dtype: Any) -> np.dtype:

@@ -5,15 +5,13 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-try:
-    import torch
-    import array_api_compat.torch as _xtorch
-except ImportError as exc:  # pragma: no cover - exercised only without torch
-    raise ModuleNotFoundError(
-        "unienv_interface.backends.pytorch needs PyTorch; install the extra: pip install 'unienv-storage[torch]'"
-    ) from exc
+from unienv_interface._optional import import_optional
 
-from .base import ComputeBackend
+from .base import ComputeBackend, as_shape
+
+import_optional("torch", "torch", "unienv_interface.backends.pytorch")
+import torch  # noqa: E402
+import array_api_compat.torch as _xtorch  # noqa: E402
 
 PyTorchArrayType = torch.Tensor
 PyTorchDeviceType = Union[torch.device, str]
@@ -27,12 +25,15 @@ _TORCH_NAMES = {
     "complex64": torch.complex64, "complex128": torch.complex128,
 }
 _NAME_OF = {v: k for k, v in _TORCH_NAMES.items()}
-_INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
-_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
 
 def _dev(device: Any) -> Optional[torch.device]:
     return None if device is None else torch.device(device)
+
+
+def _empty64(shape: Union[int, Tuple[int, ...]], device: Any) -> torch.Tensor:
+    """An uninitialised float64 tensor of `shape` on `device`, for an in-place draw in double precision."""
+    return torch.empty(as_shape(shape), dtype=torch.float64, device=_dev(device))
 
 
 class _TorchRandom:
@@ -50,38 +51,31 @@ class _TorchRandom:
     @staticmethod
     def random_discrete_uniform(shape: Union[int, Tuple[int, ...]], from_num: int, to_num: int, *, rng: torch.Generator,
                                 dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.randint(int(from_num), int(to_num), shape, generator=rng, dtype=torch.int64, device=_dev(device))
+        out = torch.randint(int(from_num), int(to_num), as_shape(shape), generator=rng, dtype=torch.int64, device=_dev(device))
         return rng, out if dtype is None else out.to(dtype)
 
     @staticmethod
     def random_uniform(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, low: Any = 0.0, high: Any = 1.0,
                        dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        u = torch.rand(shape, generator=rng, dtype=torch.float64, device=_dev(device))
+        u = torch.rand(as_shape(shape), generator=rng, dtype=torch.float64, device=_dev(device))
         out = torch.as_tensor(low, dtype=torch.float64) + u * (torch.as_tensor(high, dtype=torch.float64) - torch.as_tensor(low, dtype=torch.float64))
         return rng, out.to(dtype or torch.float32)
 
     @staticmethod
     def random_normal(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, mean: Any = 0.0, std: Any = 1.0,
                       dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.randn(shape, generator=rng, dtype=torch.float64, device=_dev(device)) * std + mean
+        out = torch.randn(as_shape(shape), generator=rng, dtype=torch.float64, device=_dev(device)) * std + mean
         return rng, out.to(dtype or torch.float32)
 
     @staticmethod
     def random_exponential(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, lambd: float = 1.0,
                            dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).exponential_(lambd, generator=rng)
-        return rng, out.to(dtype or torch.float32)
+        return rng, _empty64(shape, device).exponential_(lambd, generator=rng).to(dtype or torch.float32)
 
     @staticmethod
     def random_geometric(shape: Union[int, Tuple[int, ...]], *, rng: torch.Generator, p: float = 0.5,
                          dtype: Any = None, device: Any = None) -> Tuple[torch.Generator, torch.Tensor]:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        out = torch.empty(shape, dtype=torch.float64, device=_dev(device)).geometric_(p, generator=rng)
-        return rng, out.to(dtype or torch.int64)
+        return rng, _empty64(shape, device).geometric_(p, generator=rng).to(dtype or torch.int64)
 
     @staticmethod
     def random_permutation(n: int, *, rng: torch.Generator, dtype: Any = None,
@@ -94,16 +88,14 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
 
     _xp = _xtorch
     simplified_name = "pytorch"
+    library_name = "PyTorch"
+    _dtypes_by_name = _TORCH_NAMES
     array_type = torch.Tensor
     default_integer_dtype = torch.int32
     default_index_dtype = torch.int64
     default_floating_dtype = torch.float32
     default_boolean_dtype = torch.bool
     random = _TorchRandom
-
-    @classmethod
-    def is_backendarray(cls, x: Any) -> bool:
-        return isinstance(x, torch.Tensor)
 
     @classmethod
     def from_numpy(cls, a: np.ndarray, dtype: Any = None, device: Any = None) -> torch.Tensor:
@@ -147,30 +139,11 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
         return x if device is None else x.to(device)
 
     @classmethod
-    def dtype_is_real_integer(cls, dtype: Any) -> bool:
-        return dtype in _INTS
-
-    @classmethod
-    def dtype_is_real_floating(cls, dtype: Any) -> bool:
-        return dtype in _FLOATS
-
-    @classmethod
-    def dtype_is_boolean(cls, dtype: Any) -> bool:
-        return dtype is torch.bool
-
-    @classmethod
     def dtype_name(cls, dtype: Any) -> str:
         try:
             return _NAME_OF[dtype]
         except (KeyError, TypeError):
             raise ValueError(f"unsupported PyTorch dtype {dtype!r}; expected one of {sorted(_TORCH_NAMES)}") from None
-
-    @classmethod
-    def dtype_from_name(cls, name: str) -> torch.dtype:
-        try:
-            return _TORCH_NAMES[name]
-        except KeyError:
-            raise ValueError(f"PyTorch has no dtype named {name!r}; expected one of {sorted(_TORCH_NAMES)}") from None
 
     @classmethod
     def as_dtype(cls, dtype: Any) -> torch.dtype:
@@ -188,12 +161,6 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
             return cls.dtype_from_name(np.dtype(dtype).name)
         except TypeError:
             raise TypeError(f"not a PyTorch dtype: {dtype!r}") from None
-
-    @classmethod
-    def numpy_dtype(cls, dtype: Any) -> np.dtype:
-        if dtype == torch.bfloat16:
-            return np.dtype(np.uint16)
-        return np.dtype(cls.dtype_name(dtype))
 
     @classmethod
     def promote_types(cls, *dtypes: Any) -> torch.dtype:

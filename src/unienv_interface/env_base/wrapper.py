@@ -5,6 +5,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from unienv_interface.space import Space
 
+from ._forwarding import Forwarded
 from .env import Env, RenderFrame, StepResult
 
 
@@ -27,37 +28,16 @@ class Wrapper(Env[Any, Any, Any, Any]):
         self._rng: Any = None
 
     # ------------------------------------------------------------------ forwarded attributes
-    @property  # type: ignore[override]
-    def metadata(self) -> Dict[str, Any]:
-        return self.env.metadata if self._metadata is None else self._metadata
-
-    @metadata.setter
-    def metadata(self, value: Optional[Dict[str, Any]]) -> None:
-        self._metadata = value
-
-    @property  # type: ignore[override]
-    def render_mode(self) -> Optional[str]:
-        return self.env.render_mode
-
-    @render_mode.setter
-    def render_mode(self, value: Optional[str]) -> None:
-        self.env.render_mode = value
-
-    @property  # type: ignore[override]
-    def render_fps(self) -> Optional[int]:
-        return self.env.render_fps
-
-    @render_fps.setter
-    def render_fps(self, value: Optional[int]) -> None:
-        self.env.render_fps = value
-
-    @property  # type: ignore[override]
-    def backend(self) -> Any:
-        return self.env.backend
-
-    @property  # type: ignore[override]
-    def device(self) -> Any:
-        return self.env.device
+    # the wrapped env's values; `metadata`, the spaces and `rng` may be overridden for this layer (see the class
+    # docstring), `render_mode` and `render_fps` assignments go to the wrapped env
+    metadata: Forwarded[Dict[str, Any]] = Forwarded(override=True)
+    render_mode: Forwarded[Optional[str]] = Forwarded(write_through=True)
+    render_fps: Forwarded[Optional[int]] = Forwarded(write_through=True)
+    backend: Forwarded[Any] = Forwarded()
+    device: Forwarded[Any] = Forwarded()
+    action_space: Forwarded[Space] = Forwarded(override=True)
+    observation_space: Forwarded[Space] = Forwarded(override=True)
+    rng: Forwarded[Any] = Forwarded(override=True)
 
     @property  # type: ignore[override]
     def batch_size(self) -> Optional[int]:
@@ -69,36 +49,12 @@ class Wrapper(Env[Any, Any, Any, Any]):
                              "wrapper cannot change it")
 
     @property  # type: ignore[override]
-    def action_space(self) -> Space:
-        return self.env.action_space if self._action_space is None else self._action_space
-
-    @action_space.setter
-    def action_space(self, space: Optional[Space]) -> None:
-        self._action_space = space
-
-    @property  # type: ignore[override]
-    def observation_space(self) -> Space:
-        return self.env.observation_space if self._observation_space is None else self._observation_space
-
-    @observation_space.setter
-    def observation_space(self, space: Optional[Space]) -> None:
-        self._observation_space = space
-
-    @property  # type: ignore[override]
     def context_space(self) -> Optional[Space]:
         return self._context_space
 
     @context_space.setter
     def context_space(self, space: Optional[Space]) -> None:
         self._context_space = space
-
-    @property  # type: ignore[override]
-    def rng(self) -> Any:
-        return self.env.rng if self._rng is None else self._rng
-
-    @rng.setter
-    def rng(self, value: Any) -> None:
-        self._rng = value
 
     # ------------------------------------------------------------------ lifecycle
     def step(self, action: Any) -> StepResult:

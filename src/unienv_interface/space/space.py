@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Mapping, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Mapping, Optional, Tuple, TypeVar, Union
 
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.resolve import resolve_backend
 
 from .metadata import SpaceMetadata
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 SpaceDataT = TypeVar("SpaceDataT")
 
@@ -47,9 +50,16 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
     def metadata(self) -> SpaceMetadata:
         return self._metadata
 
-    @abstractmethod
-    def to(self, backend: Any = None, device: Any = None) -> "Space":
-        """The same space on another backend and/or device."""
+    def to(self, backend: Any = None, device: Any = None) -> Self:
+        """The same space on another backend and/or device (this space itself when both stay as they are)."""
+        tb, td = resolve_backend_device(self, backend, device)
+        if tb is self._backend and td == self._device:
+            return self
+        return self._moved(tb, td)
+
+    def _moved(self, backend: Any, device: Any) -> Self:
+        """A copy of this space on `backend` / `device` (resolved; at least one differs from this space's)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _moved (or to)")
 
     @abstractmethod
     def sample(self, rng: Any) -> Tuple[Any, SpaceDataT]:

@@ -6,8 +6,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from unienv_interface.space import Space
 
 from ._arrays import prefixed
-from .serialization_utils import check_param_names, json_to_transformation, transformation_to_json
-from .transformation import DataTransformation
+from .serialization_utils import json_to_transformation, transformation_to_json
+from .transformation import DataTransformation, members_param
 
 
 class ChainedTransformation(DataTransformation):
@@ -68,11 +68,7 @@ class ChainedTransformation(DataTransformation):
 
     @classmethod
     def from_json(cls, params: Mapping[str, Any]) -> "ChainedTransformation":
-        check_param_names(params, ("transformations",), ("transformations",), cls.__name__)
-        items = params["transformations"]
-        if not isinstance(items, list):
-            raise TypeError(f"'transformations' must be a list, got {type(items).__name__}")
-        return cls([json_to_transformation(js) for js in items])
+        return cls([json_to_transformation(js) for js in members_param(params, cls.__name__, list)])
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"transformations": self.transformations}

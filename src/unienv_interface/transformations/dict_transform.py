@@ -6,8 +6,8 @@ from typing import Any, Dict, Mapping, Optional
 from unienv_interface.space import DictSpace, Space
 
 from ._arrays import prefixed
-from .serialization_utils import check_param_names, json_to_transformation, transformation_to_json
-from .transformation import DataTransformation
+from .serialization_utils import json_to_transformation, transformation_to_json
+from .transformation import DataTransformation, members_param
 
 
 class DictTransformation(DataTransformation):
@@ -78,10 +78,7 @@ class DictTransformation(DataTransformation):
 
     @classmethod
     def from_json(cls, params: Mapping[str, Any]) -> "DictTransformation":
-        check_param_names(params, ("transformations",), ("transformations",), cls.__name__)
-        items = params["transformations"]
-        if not isinstance(items, Mapping):
-            raise TypeError(f"'transformations' must be an object, got {type(items).__name__}")
+        items = members_param(params, cls.__name__, Mapping)
         return cls({k: json_to_transformation(js) for k, js in items.items()})
 
 

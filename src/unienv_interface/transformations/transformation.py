@@ -185,6 +185,17 @@ def check_param_names(params: Mapping[str, Any], allowed: Tuple[str, ...], requi
         raise ValueError(f"{who}: missing parameter(s) {missing}")
 
 
+def members_param(params: Mapping[str, Any], who: str, container: type) -> Any:
+    """The `transformations` parameter, the only one, of a composite transformation's JSON: checked to be a
+    `container` (`list`: a JSON array, `Mapping`: an object); ValueError / TypeError naming what is wrong."""
+    check_param_names(params, ("transformations",), ("transformations",), who)
+    items = params["transformations"]
+    if not isinstance(items, container):
+        raise TypeError(f"'transformations' must be {'a list' if container is list else 'an object'}, got "
+                        f"{type(items).__name__}")
+    return items
+
+
 __all__ = ["DataTransformation", "TransformationFormatError", "transformation_to_json", "json_to_transformation",
            "register_transformation", "resolve_transformation_class", "transformation_type_name", "MAX_DEPTH",
            "check_param_names"]

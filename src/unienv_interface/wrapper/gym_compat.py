@@ -21,6 +21,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError("unienv_interface.wrapper.gym_compat needs gymnasium: pip install 'unienv-storage[gym]'") from _exc
 
 from unienv_interface.backends.numpy import NumpyComputeBackend
+from unienv_interface.env_base._forwarding import Forwarded
 from unienv_interface.env_base.env import Env, StepResult
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils import gym_utils
@@ -187,13 +188,7 @@ class ToGymnasiumEnv(gym.Env):
     def metadata(self, value: Dict[str, Any]) -> None:
         self._metadata = value
 
-    @property  # type: ignore[override]
-    def render_mode(self) -> Optional[str]:
-        return self.env.render_mode
-
-    @render_mode.setter
-    def render_mode(self, value: Optional[str]) -> None:
-        self.env.render_mode = value
+    render_mode: Forwarded[Optional[str]] = Forwarded(write_through=True)
 
     def _gym_obs(self, obs: Any) -> Any:
         # a fresh copy of the context each time: gymnasium observations of different calls must not share objects

@@ -18,8 +18,7 @@ from unienv_data.base.files import confined_path, read_json
 from unienv_data.base.registry import resolve_storage_class
 from unienv_data.base.ring import run_length
 from unienv_data.base.storage import SpaceStorage
-from unienv_data.inspect import choose_backend, flatten_tree, open_dataset, walk
-from unienv_interface.space import DictSpace, TupleSpace
+from unienv_data.inspect import choose_backend, flatten_tree, open_dataset, storage_columns, walk
 from unienv_interface.space.space_utils.serialization_utils import json_to_space
 
 from ._datasource_plan import ReadPlan, Run, chunk_runs, meta_arrays
@@ -37,38 +36,11 @@ class TaskStorage:
         #: recorded segments as physical (start, length)
         self.recorded = recorded
         self._owner = owner
-        self.children = _child_columns(storage)
+        self.children = storage_columns(storage)
 
     def close(self) -> None:
         """Closes what was opened (the storage, or the dataset around it)."""
         self._owner.close()
-
-
-def _leaf_keys(space: Any, prefix: Tuple[str, ...]) -> List[str]:
-    if isinstance(space, DictSpace):
-        return [k for key, sub in space.spaces.items() for k in _leaf_keys(sub, prefix + (str(key),))]
-    if isinstance(space, TupleSpace):
-        return [k for i, sub in enumerate(space.spaces) for k in _leaf_keys(sub, prefix + (str(i),))]
-    return ["/".join(prefix) or "<value>"]
-
-
-def _child_columns(storage: SpaceStorage) -> List[Tuple[SpaceStorage, Tuple[str, ...], List[str]]]:
-    """`(child storage, key prefix of its values, leaf keys it holds)` per child of a `DictStorage` (one gather each,
-    and only for the children holding wanted keys); the storage itself otherwise."""
-    from unienv_data.storages.dict_storage import DictStorage
-    if not isinstance(storage, DictStorage):
-        return [(storage, (), _leaf_keys(storage.single_instance_space, ()))]
-    sep = storage.nested_separator
-    groups = storage.groups
-    out = []
-    for key, child in storage.storages.items():
-        if key in groups:
-            prefix: Tuple[str, ...] = ()
-        else:
-            parts = tuple(key.split(sep))
-            prefix = parts[:-1] if parts[-1] == "*" else parts
-        out.append((child, prefix, _leaf_keys(child.single_instance_space, prefix)))
-    return out
 
 
 def _runs_of(segments: Optional[List[Tuple[int, int]]], capacity: Optional[int]) -> Set[Tuple[int, int]]:

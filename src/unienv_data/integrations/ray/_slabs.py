@@ -24,6 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.processes import pid_alive
+from unienv_data.base.files import remove_quietly
 
 #: File-name prefix of every slab.
 SLAB_PREFIX = "unienv-slab-"
@@ -54,13 +55,6 @@ def _views(buf: Any, shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[np.dtyp
             for s, d, o in zip(shapes, dtypes, offsets)]
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 class Slab:
     """One slab file mapped by its collector: `arrays` are its leaves' `(rows, ...)` arrays."""
 
@@ -75,7 +69,7 @@ class Slab:
             self._mm: Optional[mmap.mmap] = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._finalizer = weakref.finalize(self, remove_quietly, self.path)
         self.arrays = _views(self._mm, shapes, dtypes, self.rows)
 
     def close(self) -> None:
@@ -195,7 +189,7 @@ class SlabCache:
             except ValueError:
                 continue                                # not ours to judge: leave it
             if not pid_alive(pid):
-                _unlink(os.path.join(directory, name))
+                remove_quietly(os.path.join(directory, name))
                 removed += 1
         return removed
 

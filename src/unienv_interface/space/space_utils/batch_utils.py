@@ -7,6 +7,7 @@ import numpy as np
 
 from ..space import Space
 from ..spaces import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
+from ._mapping import check_dict_value
 
 
 def batch_space(space: Space, n: int = 1) -> Space:
@@ -124,11 +125,7 @@ def concatenate(batched_space: Space, items: Sequence[Any], axis: int = 0) -> An
 def get_at(batched_space: Space, items: Any, index: Any) -> Any:
     """Entry or entries `index` along the batch axis of batched data `items`."""
     if isinstance(batched_space, DictSpace):
-        if not hasattr(items, "keys"):
-            raise TypeError(f"expected a dict with keys {list(batched_space.spaces)}, got {type(items).__name__}")
-        missing = [k for k in batched_space.spaces if k not in items]
-        if missing:
-            raise KeyError(f"missing key(s) {missing}: the space expects {list(batched_space.spaces)}")
+        check_dict_value(batched_space, items, "get_at", allow_extra=True)
         return {k: get_at(s, items[k], index) for k, s in batched_space.spaces.items()}
     if isinstance(batched_space, TupleSpace):
         return tuple(get_at(s, items[i], index) for i, s in enumerate(batched_space.spaces))

@@ -31,6 +31,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 from unienv_interface.space.space import Space
 from unienv_interface.space.spaces import BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
 
+from ._mapping import check_dict_value
+
 #: the metadata key recording which gymnasium space an integer BoxSpace came from
 GYM_KIND_KEY = "gym_space"
 _SUPPORTED_GYM = "Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict, Tuple"
@@ -156,12 +158,7 @@ def from_gym_data(space: Space, data: Any) -> Any:
             raise TypeError(f"from_gym_data: a Text value must be a str, got {type(data).__name__}")
         return data
     if isinstance(space, DictSpace):
-        if not hasattr(data, "keys"):
-            raise TypeError(f"from_gym_data: a Dict value must be a mapping, got {type(data).__name__}")
-        missing = [k for k in space.spaces if k not in data]
-        extra = [k for k in data.keys() if k not in space.spaces]
-        if missing or extra:
-            raise KeyError(f"from_gym_data: expected keys {list(space.spaces)}; missing {missing}, unexpected {extra}")
+        check_dict_value(space, data, "from_gym_data")
         return {k: from_gym_data(s, data[k]) for k, s in space.spaces.items()}
     if isinstance(space, TupleSpace):
         if not isinstance(data, (tuple, list)) or len(data) != len(space.spaces):
@@ -190,11 +187,7 @@ def to_gym_data(space: Space, data: Any) -> Any:
             raise TypeError(f"to_gym_data: a TextSpace value must be a str, got {type(data).__name__}")
         return data
     if isinstance(space, DictSpace):
-        if not hasattr(data, "keys"):
-            raise TypeError(f"to_gym_data: a DictSpace value must be a mapping, got {type(data).__name__}")
-        missing = [k for k in space.spaces if k not in data]
-        if missing:
-            raise KeyError(f"to_gym_data: missing key(s) {missing}; the space expects {list(space.spaces)}")
+        check_dict_value(space, data, "to_gym_data", allow_extra=True)
         out: Dict[str, Any] = {k: to_gym_data(s, data[k]) for k, s in space.spaces.items()}
         return out
     if isinstance(space, TupleSpace):

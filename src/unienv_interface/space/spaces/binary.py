@@ -6,10 +6,11 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, array_data_to, check_backend, resolve_backend_device
+from ..space import Space, array_data_to, check_backend
+from ._array import ArraySpaceMixin
 
 
-class BinarySpace(Space[Any, Any, Any, Any]):
+class BinarySpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
     """A boolean array of `shape`. Equality compares backend, shape and dtype (device ignored, as for BoxSpace)."""
 
     def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,
@@ -25,20 +26,11 @@ class BinarySpace(Space[Any, Any, Any, Any]):
             raise ValueError(f"BinarySpace shape must be non-negative, got {shp}")
         super().__init__(backend, shape=shp, device=device, dtype=dt, metadata=metadata)
 
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        if not (self._shape is not None):
-            raise RuntimeError("internal invariant violated: self._shape is not None")
-        return self._shape
-
     def _copy_with(self, metadata: SpaceMetadata) -> "BinarySpace":
         return BinarySpace(self._backend, self.shape, self._dtype, self._device, metadata)
 
-    def to(self, backend: Any = None, device: Any = None) -> "BinarySpace":
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend and td == self._device:
-            return self
-        return BinarySpace(tb, self.shape, tb.default_boolean_dtype, td, self._metadata)
+    def _moved(self, backend: Any, device: Any) -> "BinarySpace":
+        return BinarySpace(backend, self.shape, backend.default_boolean_dtype, device, self._metadata)
 
     def is_bounded(self, manner: str = "both") -> bool:
         return True
@@ -63,11 +55,7 @@ class BinarySpace(Space[Any, Any, Any, Any]):
     def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
                  include_dtype: bool = True) -> str:
         parts = [f"shape={self.shape}"]
-        if include_backend:
-            parts.append(f"backend={self._backend}")
-        if include_device and self._device is not None:
-            parts.append(f"device={self._device}")
-        return f"BinarySpace({', '.join(parts)})"
+        return self._repr("BinarySpace", parts, include_backend, include_device)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, BinarySpace) and other.backend is self._backend and other.shape == self.shape

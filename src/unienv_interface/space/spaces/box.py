@@ -6,7 +6,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, array_data_to, check_backend, resolve_backend_device
+from ..space import Space, array_data_to, check_backend
+from ._array import ArraySpaceMixin
 
 
 def _int_list_to_numpy(value: Any) -> Optional[np.ndarray]:
@@ -95,7 +96,7 @@ def _int_bounds(b: np.ndarray, np_dt: np.dtype, which: str) -> np.ndarray:
     return out
 
 
-class BoxSpace(Space[Any, Any, Any, Any]):
+class BoxSpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
     """An array of `shape` and `dtype` (real floating or integer) whose elements lie in `[low, high]`.
 
     `low` / `high` may be scalars or arrays broadcastable to `shape`; without `shape` the shape comes from the
@@ -172,21 +173,12 @@ class BoxSpace(Space[Any, Any, Any, Any]):
         """The upper bounds as a read-only NumPy array of the full shape."""
         return self._high_np
 
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        if not (self._shape is not None):
-            raise RuntimeError("internal invariant violated: self._shape is not None")
-        return self._shape
-
     def _copy_with(self, metadata: SpaceMetadata) -> "BoxSpace":
         return BoxSpace(self._backend, self._low_np, self._high_np, self._dtype, self._device, self.shape, metadata)
 
-    def to(self, backend: Any = None, device: Any = None) -> "BoxSpace":
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend and td == self._device:
-            return self
-        dt = tb.dtype_from_name(self._backend.dtype_name(self._dtype))
-        return BoxSpace(tb, self._low_np, self._high_np, dt, td, self.shape, self._metadata)
+    def _moved(self, backend: Any, device: Any) -> "BoxSpace":
+        dt = backend.dtype_from_name(self._backend.dtype_name(self._dtype))
+        return BoxSpace(backend, self._low_np, self._high_np, dt, device, self.shape, self._metadata)
 
     def is_bounded(self, manner: str = "both") -> bool:
         if self._low_np.dtype.kind in "iu":
@@ -260,11 +252,7 @@ class BoxSpace(Space[Any, Any, Any, Any]):
         parts = [f"low={lo}", f"high={hi}", f"shape={self.shape}"]
         if include_dtype:
             parts.append(f"dtype={self._backend.dtype_name(self._dtype)}")
-        if include_backend:
-            parts.append(f"backend={self._backend}")
-        if include_device and self._device is not None:
-            parts.append(f"device={self._device}")
-        return f"BoxSpace({', '.join(parts)})"
+        return self._repr("BoxSpace", parts, include_backend, include_device)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BoxSpace) or type(other) is not type(self):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 from ..metadata import SpaceMetadata
-from ..space import Space, resolve_backend_device
+from ..space import Space
 
 
 def _sorted_items(items: Sequence[Tuple[Any, Any]]) -> Sequence[Tuple[Any, Any]]:
@@ -76,11 +76,9 @@ class DictSpace(Space[Dict[str, Any], Any, Any, Any]):
     def items(self) -> Any:
         return self.spaces.items()
 
-    def to(self, backend: Any = None, device: Any = None) -> "DictSpace":
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend and td == self._device:
-            return self
-        return DictSpace(tb, {k: s.to(tb, td) for k, s in self.spaces.items()}, device=td, metadata=self._metadata)
+    def _moved(self, backend: Any, device: Any) -> "DictSpace":
+        return DictSpace(backend, {k: s.to(backend, device) for k, s in self.spaces.items()}, device=device,
+                         metadata=self._metadata)
 
     def is_bounded(self, manner: str = "both") -> bool:
         return all(s.is_bounded(manner) for s in self.spaces.values())

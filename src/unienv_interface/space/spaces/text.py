@@ -6,7 +6,7 @@ from typing import Any, FrozenSet, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ..metadata import SpaceMetadata
-from ..space import Space, resolve_backend_device
+from ..space import Space
 
 
 class TextSpace(Space[str, Any, Any, Any]):
@@ -39,11 +39,8 @@ class TextSpace(Space[str, Any, Any, Any]):
         except KeyError:
             raise ValueError(f"character {c!r} is not in the TextSpace charset") from None
 
-    def to(self, backend: Any = None, device: Any = None) -> "TextSpace":
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend and td == self._device:
-            return self
-        return TextSpace(tb, self.max_length, min_length=self.min_length, charset=self.charset, device=td,
+    def _moved(self, backend: Any, device: Any) -> "TextSpace":
+        return TextSpace(backend, self.max_length, min_length=self.min_length, charset=self.charset, device=device,
                          metadata=self._metadata)
 
     def is_bounded(self, manner: str = "both") -> bool:

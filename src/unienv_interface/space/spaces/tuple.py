@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
 from ..metadata import SpaceMetadata
-from ..space import Space, resolve_backend_device
+from ..space import Space
 
 
 class TupleSpace(Space[Tuple[Any, ...], Any, Any, Any]):
@@ -34,11 +34,9 @@ class TupleSpace(Space[Tuple[Any, ...], Any, Any, Any]):
     def __len__(self) -> int:
         return len(self.spaces)
 
-    def to(self, backend: Any = None, device: Any = None) -> "TupleSpace":
-        tb, td = resolve_backend_device(self, backend, device)
-        if tb is self._backend and td == self._device:
-            return self
-        return TupleSpace(tb, [s.to(tb, td) for s in self.spaces], device=td, metadata=self._metadata)
+    def _moved(self, backend: Any, device: Any) -> "TupleSpace":
+        return TupleSpace(backend, [s.to(backend, device) for s in self.spaces], device=device,
+                          metadata=self._metadata)
 
     def is_bounded(self, manner: str = "both") -> bool:
         return all(s.is_bounded(manner) for s in self.spaces)

@@ -20,7 +20,7 @@ from typing import List, Set, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 ALLOWLIST = ROOT / "scripts" / "private_access_allowlist.txt"
-MAX_ALLOWED = 1000  # TEMPORARY (#14): back to 10 once the list is shrunk
+MAX_ALLOWED = 10
 
 # Leading-underscore names that are public API of the standard library (namedtuple's methods, os._exit, sys._getframe).
 STDLIB_PUBLIC = frozenset({"_asdict", "_replace", "_fields", "_make", "_field_defaults", "_exit", "_getframe"})

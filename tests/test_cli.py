@@ -509,3 +509,30 @@ def test_verify_remove_orphans_deletes_what_a_killed_video_writer_left(tmp_path:
     report = run_json("verify", out, "--remove-orphans")
     assert report["ok"] and report["orphans_removed"] == [] and report["warnings"] == []
     assert "--remove-orphans" not in run_cli("info", out, "-q").stdout
+
+
+def test_verify_needs_checksums_for_bytes_zeroed_inside_a_lossy_video(tmp_path: Path) -> None:
+    """What docs/cli.md says verify catches: a truncated video without checksums; bytes zeroed in the middle of a
+    lossy video (same size, the decoder conceals the damage) only with checksums written before."""
+    pytest.importorskip("av")
+    out = tmp_path / "vid"
+    run_json("demo", "--out", out, "--episodes", 2, "--steps", 20, "--video", "--backend", "numpy")
+    bare, summed, cut = tmp_path / "bare", tmp_path / "summed", tmp_path / "cut"
+    for d in (bare, summed, cut):
+        shutil.copytree(out, d)
+    assert run_cli("verify", summed, "-q", "--write-checksums").returncode == 0
+    for d in (bare, summed):
+        video = sorted((d / "storage" / "obs.camera").glob("*.mp4"))[-1]
+        data = bytearray(video.read_bytes())
+        mid = len(data) // 2
+        data[mid:mid + 300] = bytes(300)
+        video.write_bytes(bytes(data))
+    video = sorted((cut / "storage" / "obs.camera").glob("*.mp4"))[-1]
+    video.write_bytes(video.read_bytes()[:-100])
+    assert run_cli("verify", bare, "-q").returncode == 0           # not caught without checksums
+    damaged = run_cli("verify", summed, "-q", check=False)
+    assert damaged.returncode == 1 and "the file changed since the checksum was written" in damaged.stdout
+    truncated = run_cli("verify", cut, "-q", check=False)
+    assert truncated.returncode == 1 and "truncated" in truncated.stdout
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert "without checksums" in doc and "decoder conceals" in doc

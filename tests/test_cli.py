@@ -460,3 +460,79 @@ def test_convert_refuses_flags_of_another_format(tmp_path: Path) -> None:
                        (["--to", "lerobot", "--dataset-id", "x-v0"], "--dataset-id")):
         proc = run_cli("convert", src, tmp_path / "dst", *args, check=False)
         assert proc.returncode != 0 and flag in proc.stderr, (args, proc.stderr)
+
+
+_ENCODE_AND_HANG = r"""
+import sys, time
+import numpy as np
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_data.storages.video_storage import video_storages_in
+
+rb = ReplayBuffer.load_from(sys.argv[1], backend="numpy", read_only=False)
+video = video_storages_in(rb.storage)[0]
+writer, writer_shape = video.open_segment_writer(), video.single_instance_space.shape
+rng = np.random.default_rng(0)
+for t in range(30):
+    writer.append(rng.integers(0, 256, writer_shape, dtype=np.uint8))
+print("MID", flush=True)
+time.sleep(600)
+"""
+
+
+def test_verify_remove_orphans_deletes_what_a_killed_video_writer_left(tmp_path: Path) -> None:
+    """A recorder killed while encoding an episode leaves a hidden `.active-*.tmp.mp4`; `info` and `verify` name it
+    and the command that deletes it, `verify --remove-orphans`, which deletes only it (checksums still match)."""
+    import signal
+    pytest.importorskip("av")
+    out = tmp_path / "vid"
+    run_json("demo", "--out", out, "--episodes", 2, "--steps", 20, "--video", "--backend", "numpy")
+    assert run_cli("verify", out, "-q", "--write-checksums").returncode == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    child = subprocess.Popen([sys.executable, "-c", _ENCODE_AND_HANG, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "MID"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    left = [p for p in out.rglob(".active-*") if p.is_file()]
+    assert len(left) == 1 and left[0].name.endswith(".tmp.mp4")
+    rel = str(left[0].relative_to(out))
+    hint = f"unienv-data verify --remove-orphans {out}"
+    for cmd in ("info", "verify"):
+        text = run_cli(cmd, out, "-q").stdout
+        assert rel in text and hint in text, text
+    # the flag: removes it, says so, then verifies the dataset (unchanged otherwise: the checksums match)
+    text = run_cli("verify", "--remove-orphans", out, "-q").stdout
+    assert f"removed 1 orphan file(s): {rel}" in text and text.rstrip().endswith("OK"), text
+    assert not left[0].exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    report = run_json("verify", out, "--remove-orphans")
+    assert report["ok"] and report["orphans_removed"] == [] and report["warnings"] == []
+    assert "--remove-orphans" not in run_cli("info", out, "-q").stdout
+
+
+def test_verify_needs_checksums_for_bytes_zeroed_inside_a_lossy_video(tmp_path: Path) -> None:
+    """What docs/cli.md says verify catches: a truncated video without checksums; bytes zeroed in the middle of a
+    lossy video (same size, the decoder conceals the damage) only with checksums written before."""
+    pytest.importorskip("av")
+    out = tmp_path / "vid"
+    run_json("demo", "--out", out, "--episodes", 2, "--steps", 20, "--video", "--backend", "numpy")
+    bare, summed, cut = tmp_path / "bare", tmp_path / "summed", tmp_path / "cut"
+    for d in (bare, summed, cut):
+        shutil.copytree(out, d)
+    assert run_cli("verify", summed, "-q", "--write-checksums").returncode == 0
+    for d in (bare, summed):
+        video = sorted((d / "storage" / "obs.camera").glob("*.mp4"))[-1]
+        data = bytearray(video.read_bytes())
+        mid = len(data) // 2
+        data[mid:mid + 300] = bytes(300)
+        video.write_bytes(bytes(data))
+    video = sorted((cut / "storage" / "obs.camera").glob("*.mp4"))[-1]
+    video.write_bytes(video.read_bytes()[:-100])
+    assert run_cli("verify", bare, "-q").returncode == 0           # not caught without checksums
+    damaged = run_cli("verify", summed, "-q", check=False)
+    assert damaged.returncode == 1 and "the file changed since the checksum was written" in damaged.stdout
+    truncated = run_cli("verify", cut, "-q", check=False)
+    assert truncated.returncode == 1 and "truncated" in truncated.stdout
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert "without checksums" in doc and "decoder conceals" in doc

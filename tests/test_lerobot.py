@@ -617,3 +617,20 @@ def test_lerobot_round_trip_keeps_bounds_and_scalar_shapes(tmp_path: Path, capsy
             np.testing.assert_array_equal(got[k], np.stack([r[k] for r in rows]), err_msg=k)
     finally:
         rb2.close()
+
+
+def test_replay_buffer_load_from_on_a_lerobot_folder_says_how_to_read_it() -> None:
+    """`ReplayBuffer.load_from` of a LeRobot folder: still a StorageNotFoundError (a FileNotFoundError), naming the
+    missing file and the two ways to read the folder."""
+    from unienv_data.base.errors import StorageNotFoundError
+    from unienv_data.replay_buffer import ReplayBuffer
+    folder = str(FIXTURES / "v30_video")
+    with pytest.raises(StorageNotFoundError) as err:
+        ReplayBuffer.load_from(folder, backend=NumpyComputeBackend)
+    assert isinstance(err.value, FileNotFoundError)
+    msg = str(err.value)
+    assert os.path.join(folder, "metadata.json") in msg
+    assert f"LeRobotAsUniEnvDataset.from_local({folder!r}" in msg and "--from lerobot" in msg
+    # the hint is the reader's: it opens the folder
+    with LeRobotAsUniEnvDataset.from_local(folder, NumpyComputeBackend) as ds:
+        assert len(ds) == 37

@@ -128,6 +128,86 @@ def test_windows_over_the_converted_layout_match_in_place(tmp_path: Path) -> Non
     rb.close()
 
 
+def convert(tmp_path: Path, name: str = "v30_multifile", *extra: str) -> Path:
+    from unienv_data.cli import main
+    dst = tmp_path / "native"
+    assert main(["convert", str(FIXTURES / name), str(dst), "--from", "lerobot", *extra]) == 0
+    return dst
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_from_delta_timestamps_over_a_converted_buffer_of_either_backend(tmp_path: Path, backend: str) -> None:
+    """A converted buffer opened with the torch backend (its spaces' dtypes are torch dtypes) gives the same
+    windows, as NumPy, as the numpy-backed one and the folder read in place; the fps is the recorded one."""
+    from unienv_data.replay_buffer import ReplayBuffer
+    if backend == "torch":
+        require_module("torch", "torch")
+        from unienv_interface.backends.pytorch import PyTorchComputeBackend as be
+    else:
+        be = NumpyComputeBackend
+    dt = {"observation.images.top": [-0.1, 0.0], "observation.state": [0.0], "action": [0.0, 0.1, 0.2]}
+    rb = ReplayBuffer.load_from(convert(tmp_path), backend=be)
+    try:
+        win = LeRobotWindows.from_delta_timestamps(rb, dt, fps=10)
+        assert win.cameras == ["observation.images.top"]    # a uint8 HWC key, whatever the backend's dtype
+        assert win.offsets["action"].tolist() == [0, 1, 2]
+        # without fps=: the one the converted buffer records (10)
+        assert LeRobotWindows.from_delta_timestamps(rb, dt).offsets["action"].tolist() == [0, 1, 2]
+        anchors = np.arange(len(rb))
+        got = win.get_batch(anchors)
+        with open_ds("v30_multifile") as ds:
+            want = LeRobotWindows.from_delta_timestamps(ds, dt).get_batch(anchors)
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert isinstance(got[k], np.ndarray) and got[k].dtype == v.dtype, k
+            if k == "observation.images.top":   # re-encoded: close, not equal
+                assert got[k].shape == v.shape
+                mse = np.mean((got[k].astype(np.float64) - v) ** 2)
+                assert 10 * np.log10(255 ** 2 / max(mse, 1e-9)) > 30
+            else:
+                np.testing.assert_array_equal(got[k], v, err_msg=k)
+    finally:
+        rb.close()
+
+
+def test_a_wrong_fps_is_refused_and_a_missing_one_found(tmp_path: Path) -> None:
+    from unienv_data.integrations.lerobot_windows import recorded_fps
+    from unienv_data.replay_buffer import ReplayBuffer
+    rb = ReplayBuffer.load_from(convert(tmp_path), backend=NumpyComputeBackend)
+    try:
+        assert set(recorded_fps(rb).values()) == {10.0}
+        assert "observation.images.top video" in recorded_fps(rb)
+        with pytest.raises(ValueError, match=r"fps=30 .*10 fps"):
+            LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]}, fps=30)
+        assert LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]}).offsets["action"].tolist() == [0, 1]
+        # step offsets stay free: the constructor takes them as given
+        assert LeRobotWindows(rb, offsets_from_delta_timestamps({"action": [0.0, 0.1]}, 30)).offsets["action"].tolist() == [0, 3]
+    finally:
+        rb.close()
+    with open_ds("v30_video") as ds:
+        with pytest.raises(ValueError, match=r"fps=20 .*10 fps \(fps"):
+            LeRobotWindows.from_delta_timestamps(ds, {"action": [0.0, 0.1]}, fps=20)
+
+
+def test_fps_is_needed_only_where_nothing_records_one(tmp_path: Path) -> None:
+    """A buffer without cameras records no fps: fps= is required, and taken as given."""
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.flattened import FlattenedStorage
+    from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+    with open_ds("v30_video") as ds:
+        space = ds.single_space
+        tab = {k: space.spaces[k] for k in ("action", "observation.state")}
+        rows = ds.get_at(np.arange(len(ds)))
+    from unienv_interface.space import DictSpace
+    sp = DictSpace(NumpyComputeBackend, tab)
+    rb = ReplayBuffer.create(FlattenedStorage, sp, inner_storage_cls=NumpyMemmapStorage, cache_path=str(tmp_path / "rb"))
+    rb.extend({k: rows[k] for k in tab})
+    with pytest.raises(ValueError, match="records no fps"):
+        LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]})
+    assert LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]}, fps=30).offsets["action"].tolist() == [0, 3]
+    rb.close()
+
+
 def test_dataloader_workers_give_the_same_batches() -> None:
     torch = require_module("torch", "torch")
     with open_ds("v30_multifile") as ds:

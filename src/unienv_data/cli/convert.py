@@ -274,19 +274,8 @@ def source_fps(ds: Any) -> Optional[float]:
     fps = getattr(ds, "fps", None)
     if fps is not None:
         return fps
-    from unienv_data.storages.dict_storage import DictStorage
-    from unienv_data.storages.transformation import TransformedStorage
-    from unienv_data.storages.video_storage import VideoStorage
-    found = set()
-    stack = [getattr(ds, "storage", None)]
-    while stack:
-        st = stack.pop()
-        if isinstance(st, VideoStorage):
-            found.add(st.fps)
-        elif isinstance(st, DictStorage):
-            stack.extend(st.storages.values())
-        elif isinstance(st, TransformedStorage):
-            stack.append(st.inner_storage)
+    from unienv_data.storages.video_storage import video_storages_in
+    found = {st.fps for st in video_storages_in(getattr(ds, "storage", None))}
     return found.pop() if len(found) == 1 else None
 
 

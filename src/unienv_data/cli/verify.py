@@ -13,6 +13,11 @@ Checks, in order:
    `verify --write-checksums` on a dataset that verified clean) and `sha256` entries in storage metadata.
 
 `--quick` stops after step 3 (no data is read).
+
+`--remove-orphans` first opens the dataset writable and deletes the files no row reads from that a crash or an
+interrupted write left in its `VideoStorage` directories (`.active-*.tmp.<ext>` files being encoded, superseded video
+files: `VideoStorage.remove_orphan_files()` of every video storage in it), printing each removed file; then it checks
+as above. No other process may be writing the dataset meanwhile.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="metadata, file sizes and opening only; read no rows")
     p.add_argument("--write-checksums", action="store_true",
                    help="after a clean check, write checksums.sha256 (SHA-256 of every file) at the dataset root")
+    p.add_argument("--remove-orphans", action="store_true",
+                   help="first delete files left over by a crash in video storage directories (opens the dataset "
+                        "writable: no other process may write it meanwhile), listing each; then check")
     add_backend_flag(p)
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -46,8 +54,13 @@ def run(args: argparse.Namespace) -> int:
     fmt = detect(args.path)   # another tool's dataset (a LeRobot or Minari folder)
     if fmt and args.write_checksums:
         raise CLIError(f"--write-checksums writes this library's checksum file; {args.path} is a {fmt} dataset")
+    if fmt and args.remove_orphans:
+        raise CLIError(f"--remove-orphans cleans this library's video storages; {args.path} is a {fmt} dataset")
+    removed = remove_orphans(args.path, args.backend) if args.remove_orphans else None
     report = (verify_foreign(fmt, args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet)
               if fmt else verify(args.path, read_rows=not args.quick, backend=args.backend, progress=not args.quiet))
+    if removed is not None:
+        report["orphans_removed"] = removed
     if report["ok"] and args.write_checksums:
         report["checksums_written"] = write_checksums(report["root_dir"], report["files"])
     if args.json:
@@ -56,6 +69,27 @@ def run(args: argparse.Namespace) -> int:
         for line in render(report):
             print(line)
     return 0 if report["ok"] else 1
+
+
+def remove_orphans(path: str, backend: str = "auto") -> List[str]:
+    """Opens the dataset at `path` writable and removes the orphan files of every `VideoStorage` in it
+    (`VideoStorage.remove_orphan_files()`); returns the removed files, relative to the dataset directory. CLIError
+    when the dataset does not open writable (damaged metadata: run `verify` to see why)."""
+    from unienv_data.inspect import open_dataset
+    from unienv_data.storages.video_storage import video_storages_in
+    path = os.path.abspath(path)
+    root_dir = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        ds = open_dataset(path, backend=backend, read_only=False)
+    except Exception as exc:  # noqa: BLE001 - every failure to open is reported with the library's message
+        raise CLIError(f"--remove-orphans: {path} does not open writable ({type(exc).__name__}: {exc}); run "
+                       "`unienv-data verify PATH` without it to see the problems") from None
+    removed: List[str] = []
+    with ds:
+        for st in video_storages_in(ds.storage):
+            where = os.fspath(st.cache_filename or root_dir)
+            removed.extend(os.path.relpath(os.path.join(where, name), root_dir) for name in st.remove_orphan_files())
+    return removed
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -341,6 +375,9 @@ def render(r: Dict[str, Any]) -> List[str]:
     if "checksums" in c:
         lines.append(f"  checksums: {c['checksums']} files checked" if c["checksums"] else
                      "  checksums: none recorded (write them with --write-checksums)")
+    if "orphans_removed" in r:
+        gone = r["orphans_removed"]
+        lines.append(f"  removed {len(gone)} orphan file(s)" + (": " + ", ".join(gone) if gone else ""))
     if r.get("checksums_written"):
         lines.append(f"  wrote {r['checksums_written']}")
     for w in r["warnings"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -109,8 +110,9 @@ def _fill_video(root: str, node: StorageNode, meta: Dict[str, Any], space_json: 
     for name in sorted(os.listdir(os.path.join(root, node.rel))):
         if name not in live and (name.endswith(ext) or ".tmp" in name):
             orphan = os.path.normpath(os.path.join(node.rel, name))
-            node.notes.append(f"{orphan}: not listed in the metadata (left over; VideoStorage.remove_orphan_files() "
-                              "deletes it)")
+            node.notes.append(f"{orphan}: not listed in the metadata (left over by a crash or an interrupted write); "
+                              f"`unienv-data verify --remove-orphans {shlex.quote(root)}` deletes it (in code: "
+                              "VideoStorage.remove_orphan_files() of that storage)")
 
 
 def _fill_image(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:

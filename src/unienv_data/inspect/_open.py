@@ -1,4 +1,4 @@
-"""Opening a dataset's data read-only through the library's own `load_from`: `open_dataset` and `OpenedDataset`
+"""Opening a dataset's data (read-only unless asked) through the library's own `load_from`: `open_dataset` and `OpenedDataset`
 (rows by logical index, single keys, episodes; see the package docstring)."""
 from __future__ import annotations
 
@@ -173,8 +173,10 @@ class OpenedDataset(ClosesOnExit):
         self.obj.close()
 
 
-def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] = None) -> OpenedDataset:
-    """Opens the dataset at `path` read-only with the library's own `load_from` (see the module docstring)."""
+def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] = None,
+                 read_only: bool = True) -> OpenedDataset:
+    """Opens the dataset at `path` with the library's own `load_from` (see the module docstring): read-only unless
+    `read_only=False` (maintenance such as removing orphan files; no other process may write it meanwhile)."""
     from unienv_data.base.registry import resolve_storage_class
     from unienv_interface.space.space_utils.serialization_utils import json_to_space
     path = os.path.abspath(os.fspath(path))
@@ -185,7 +187,7 @@ def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] =
     B = choose_backend(root, backend)
     if root.kind == "ReplayBuffer":
         from unienv_data.replay_buffer import ReplayBuffer
-        obj: Any = ReplayBuffer.load_from(path, backend=B, read_only=True)
+        obj: Any = ReplayBuffer.load_from(path, backend=B, read_only=read_only)
     else:
         if root.space_json is None:
             raise StorageFormatError(f"{path}: its metadata does not record the space, so it cannot be opened "
@@ -193,7 +195,7 @@ def open_dataset(path: str, backend: str = "auto", root: Optional[StorageNode] =
         name = (root.storage_type if "." in root.storage_type
                 else f"unienv_data.storages.{_module_of(root.kind)}.{root.kind}")
         cls = resolve_storage_class(name, root.metadata_rel or path)
-        obj = cls.load_from(path, json_to_space(root.space_json, B), read_only=True)
+        obj = cls.load_from(path, json_to_space(root.space_json, B), read_only=read_only)
     return OpenedDataset(path, root, obj, B)
 
 

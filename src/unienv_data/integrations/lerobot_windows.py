@@ -21,6 +21,10 @@ video file once, forward, keyframe-seeking, with decoders kept open between batc
 are read in parallel threads. Tabular keys (state, action, ...) are loaded into memory once when the windows are made,
 and every batch is one vectorised gather. Video files are scanned (frame numbers and keyframes) when the windows are
 made, so DataLoader worker processes inherit the index instead of rebuilding it.
+
+Backends and fps. A source opened with any backend (e.g. a `ReplayBuffer.load_from(..., backend=PyTorchComputeBackend)`)
+gives the same NumPy batches: reads go through the source backend's `to_numpy`. `from_delta_timestamps` takes the fps
+the source records (`recorded_fps`) and refuses a different `fps=`.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.segments import episode_segments_of
+from unienv_data.storages.video_storage import video_storages_in
 from unienv_interface.space import BoxSpace
 
 #: suffix of the pad-mask keys (LeRobot's spelling)
@@ -71,9 +76,39 @@ def _episode_bounds(source: Any, n: int) -> np.ndarray:
     return b
 
 
+def recorded_fps(source: Any) -> Dict[str, float]:
+    """The frame rates `source` records, by where each is recorded: `"fps"` (the source's `fps` attribute, e.g. a
+    LeRobot folder's), `"<key> metadata"` (an `fps` in a key's space metadata: LeRobot cameras, kept by `convert
+    --from lerobot`), `"<key> video"` (the fps of a `VideoStorage` in a `ReplayBuffer`'s storage). Empty when it
+    records none."""
+    found: Dict[str, Optional[float]] = {"fps": _rate(getattr(source, "fps", None))}
+    for key, sub in getattr(source.single_space, "spaces", {}).items():
+        meta = getattr(sub, "metadata", None)
+        found[f"{key} metadata"] = _rate(meta.get("fps")) if isinstance(meta, Mapping) else None
+    for st in video_storages_in(getattr(source, "storage", None)):
+        found[f"{os.path.basename(os.path.normpath(str(st.cache_filename)))} video"] = _rate(st.fps)
+    return {where: rate for where, rate in found.items() if rate is not None}
+
+
+def _rate(value: Any) -> Optional[float]:
+    """`value` as a frame rate: a positive number (not a bool), else None."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def _describe(recorded: Mapping[str, float]) -> str:
+    by_rate: Dict[float, List[str]] = {}
+    for where, rate in recorded.items():
+        by_rate.setdefault(rate, []).append(where)
+    return "; ".join(f"{rate:g} fps ({', '.join(where)})" for rate, where in sorted(by_rate.items()))
+
+
 def _is_camera(space: Any) -> bool:
-    shape = getattr(space, "shape", None) or ()
-    return isinstance(space, BoxSpace) and np.dtype(space.dtype) == np.uint8 and len(shape) == 3
+    """A uint8 `(H, W, C)` box, whatever the space's backend (its dtype may be a torch or JAX dtype)."""
+    if not isinstance(space, BoxSpace) or len(space.shape or ()) != 3:
+        return False
+    return space.backend.dtype_name(space.dtype) == "uint8"
 
 
 class _Column:
@@ -82,6 +117,7 @@ class _Column:
 
     def __init__(self, source: Any, key: str) -> None:
         self.key = key
+        self.backend = source.single_space.backend
         self.group: Optional[str] = None
         groups = getattr(getattr(source, "storage", None), "groups", None) or {}
         for gname, members in groups.items():
@@ -91,7 +127,8 @@ class _Column:
 
     def read(self, rows: Any) -> np.ndarray:
         data = self.view.get_at(rows)
-        return np.asarray(data[self.key] if self.group is not None else data)
+        # a source opened with another backend (torch, JAX; maybe on a device) reads its arrays: NumPy from here on
+        return self.backend.to_numpy(data[self.key] if self.group is not None else data)
 
 
 class LeRobotWindows:
@@ -143,12 +180,27 @@ class LeRobotWindows:
     @classmethod
     def from_delta_timestamps(cls, source: Any, delta_timestamps: Mapping[str, Sequence[float]],
                               fps: Optional[float] = None, threads: Optional[int] = None) -> "LeRobotWindows":
-        """Windows given in seconds, as LeRobot's `LeRobotDataset(..., delta_timestamps=...)` takes them; `fps`
-        defaults to the source's `fps`."""
+        """Windows given in seconds, as LeRobot's `LeRobotDataset(..., delta_timestamps=...)` takes them.
+
+        `fps` defaults to the frame rate the source records (see `recorded_fps`: a LeRobot folder's, or what a
+        `ReplayBuffer` written by `convert --from lerobot` keeps in its camera keys and video files); a given `fps`
+        that differs from the recorded one raises ValueError (the windows would be silently wrong). A source that
+        records none needs `fps=`. To use other step offsets on purpose, build the windows from steps:
+        `LeRobotWindows(source, offsets_from_delta_timestamps(delta_timestamps, fps))`."""
+        recorded = recorded_fps(source)
+        rates = sorted(set(recorded.values()))
         if fps is None:
-            fps = getattr(source, "fps", None)
-            if fps is None:
-                raise ValueError("the source has no fps; pass fps= to turn delta_timestamps into steps")
+            if not rates:
+                raise ValueError("the source records no fps (neither an fps attribute, nor an 'fps' in its keys' "
+                                 "space metadata, nor a VideoStorage); pass fps= to turn delta_timestamps into steps")
+            if len(rates) > 1:
+                raise ValueError(f"the source records several frame rates {_describe(recorded)}; pass fps= with the "
+                                 "one delta_timestamps are measured in")
+            fps = rates[0]
+        elif rates and not any(abs(float(fps) - r) <= 1e-9 * max(1.0, r) for r in rates):
+            raise ValueError(f"fps={fps} differs from the frame rate the source was recorded at: "
+                             f"{_describe(recorded)}; leave fps= out (or pass the recorded value), or give step "
+                             "offsets: LeRobotWindows(source, offsets_from_delta_timestamps(delta_timestamps, fps))")
         return cls(source, offsets_from_delta_timestamps(delta_timestamps, float(fps)), threads)
 
     # ------------------------------------------------------------------------------ torch Dataset protocol
@@ -256,4 +308,4 @@ class LeRobotWindows:
             self._pool = None
 
 
-__all__ = ["LeRobotWindows", "offsets_from_delta_timestamps", "PAD_SUFFIX"]
+__all__ = ["LeRobotWindows", "offsets_from_delta_timestamps", "recorded_fps", "PAD_SUFFIX"]

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any, Dict, List, Tuple
 
-from unienv_data.base.errors import StorageFormatError
+from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.files import (PathLike, check_format_version, check_no_interrupted_dump, read_json,
                                     require_fields)
 from unienv_data.base.ring import logical_row, run_length
@@ -20,6 +21,21 @@ def _int_field(meta: Dict[str, Any], name: str, where: str, minimum: int = 0) ->
     return v
 
 
+#: a LeRobot dataset's schema file, relative to its folder
+LEROBOT_INFO = os.path.join("meta", "info.json")
+
+
+def _refuse_foreign_folder(path: str, meta_path: str) -> None:
+    """A directory without `metadata.json` that holds a LeRobot dataset: StorageNotFoundError saying how to read it
+    (in place, or converted), instead of only that the metadata is missing."""
+    if os.path.isfile(os.path.join(path, LEROBOT_INFO)):
+        raise StorageNotFoundError(
+            f"ReplayBuffer metadata not found: {meta_path}; {path} holds a LeRobot dataset ({LEROBOT_INFO}), not a "
+            "ReplayBuffer: read it in place with unienv_data.integrations.lerobot.LeRobotAsUniEnvDataset.from_local("
+            f"{path!r}, backend), or convert it once with `unienv-data convert {shlex.quote(path)} DST --from lerobot` and open DST "
+            "with ReplayBuffer.load_from")
+
+
 def read_metadata(path: PathLike) -> Dict[str, Any]:
     """Reads and validates a buffer's metadata.json (count, offset, capacity, segments); StorageFormatError
     names what is wrong, FileNotFoundError when the directory is missing."""
@@ -27,6 +43,8 @@ def read_metadata(path: PathLike) -> Dict[str, Any]:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
     check_no_interrupted_dump(path, "ReplayBuffer")
+    if not os.path.exists(meta_path):
+        _refuse_foreign_folder(os.fspath(path), meta_path)
     meta = read_json(meta_path, "ReplayBuffer metadata")
     check_format_version(meta, meta_path)
     require_fields(meta, ("type", "count", "offset", "capacity", "storage_cls", "storage_path_relative",

@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from unienv_data.base.errors import StorageStateError
+from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.files import FORMAT_VERSION, PathLike, atomic_write_json, require_fields
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import register_storage, storage_type_name
@@ -708,5 +709,19 @@ class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         other.__dict__.clear()  # its decoders (none) and encoders (none) are self's now: its collection frees nothing
 
 
-__all__ = ["VideoStorage", "VideoSegmentWriter", "CodecPlan", "select_codec", "METADATA_FILE", "REFERENCE_INDEX_FILE",
+def video_storages_in(storage: Optional[SpaceStorage]) -> List[VideoStorage]:
+    """Every `VideoStorage` in the tree of `storage` (itself, or reached through `child_storages()`: a
+    `DictStorage`'s keys, a wrapper's inner storage), in tree order; `[]` for None."""
+    found: List[VideoStorage] = []
+    stack: List[SpaceStorage] = [] if storage is None else [storage]
+    while stack:
+        st = stack.pop()
+        if isinstance(st, VideoStorage):
+            found.append(st)
+        else:
+            stack.extend(reversed(st.child_storages()))
+    return found
+
+
+__all__ = ["VideoStorage", "video_storages_in", "VideoSegmentWriter", "CodecPlan", "select_codec", "METADATA_FILE", "REFERENCE_INDEX_FILE",
            "DEFAULT_GOP"]

@@ -176,7 +176,7 @@ def test_a_wrong_fps_is_refused_and_a_missing_one_found(tmp_path: Path) -> None:
     rb = ReplayBuffer.load_from(convert(tmp_path), backend=NumpyComputeBackend)
     try:
         assert set(recorded_fps(rb).values()) == {10.0}
-        assert "observation.images.top video" in recorded_fps(rb)
+        assert "observation.images.top metadata" in recorded_fps(rb)
         with pytest.raises(ValueError, match=r"fps=30 .*10 fps"):
             LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]}, fps=30)
         assert LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.1]}).offsets["action"].tolist() == [0, 1]
@@ -187,6 +187,26 @@ def test_a_wrong_fps_is_refused_and_a_missing_one_found(tmp_path: Path) -> None:
     with open_ds("v30_video") as ds:
         with pytest.raises(ValueError, match=r"fps=20 .*10 fps \(fps"):
             LeRobotWindows.from_delta_timestamps(ds, {"action": [0.0, 0.1]}, fps=20)
+
+
+def test_a_video_storages_default_rate_is_not_a_recorded_fps(tmp_path: Path) -> None:
+    """A camera recorded into VideoStorage without an fps (its playback rate defaults to 15) does not pin the
+    windows' fps: a 50 Hz recording takes fps=50."""
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.dict_storage import DictStorage
+    from unienv_data.storages.native_layout import native_layout_kwargs
+    from unienv_interface.space import BoxSpace, DictSpace
+    B = NumpyComputeBackend
+    sp = DictSpace(B, {"cam": BoxSpace(B, 0, 255, np.uint8, shape=(16, 16, 3)),
+                       "action": BoxSpace(B, -1.0, 1.0, np.float32, shape=(2,))})
+    rb = ReplayBuffer.create(DictStorage, sp, cache_path=str(tmp_path / "rb"), capacity=None,
+                             **native_layout_kwargs(sp, image_storage="video"))
+    for t in range(6):
+        rb.append({"cam": np.full((16, 16, 3), t, np.uint8), "action": np.zeros(2, np.float32)})
+    rb.mark_segment_end()
+    win = LeRobotWindows.from_delta_timestamps(rb, {"action": [0.0, 0.02, 0.04]}, fps=50)
+    assert win.offsets["action"].tolist() == [0, 1, 2]
+    rb.close()
 
 
 def test_fps_is_needed_only_where_nothing_records_one(tmp_path: Path) -> None:

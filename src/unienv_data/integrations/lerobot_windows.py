@@ -36,7 +36,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.segments import episode_segments_of
-from unienv_data.storages.video_storage import video_storages_in
 from unienv_interface.space import BoxSpace
 
 #: suffix of the pad-mask keys (LeRobot's spelling)
@@ -79,14 +78,12 @@ def _episode_bounds(source: Any, n: int) -> np.ndarray:
 def recorded_fps(source: Any) -> Dict[str, float]:
     """The frame rates `source` records, by where each is recorded: `"fps"` (the source's `fps` attribute, e.g. a
     LeRobot folder's), `"<key> metadata"` (an `fps` in a key's space metadata: LeRobot cameras, kept by `convert
-    --from lerobot`), `"<key> video"` (the fps of a `VideoStorage` in a `ReplayBuffer`'s storage). Empty when it
-    records none."""
+    --from lerobot`). Empty when it records none. A `VideoStorage`'s own fps does not count: it is a playback rate
+    that defaults to 15 when the recorder did not choose one, so a 50 Hz recording would be refused its true rate."""
     found: Dict[str, Optional[float]] = {"fps": _rate(getattr(source, "fps", None))}
     for key, sub in getattr(source.single_space, "spaces", {}).items():
         meta = getattr(sub, "metadata", None)
         found[f"{key} metadata"] = _rate(meta.get("fps")) if isinstance(meta, Mapping) else None
-    for st in video_storages_in(getattr(source, "storage", None)):
-        found[f"{os.path.basename(os.path.normpath(str(st.cache_filename)))} video"] = _rate(st.fps)
     return {where: rate for where, rate in found.items() if rate is not None}
 
 

@@ -127,3 +127,22 @@ def test_a_collected_writer_releases_the_lock(tmp_path: Any) -> None:
     proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": SRC})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("damage", ["directory", "link outside"])
+def test_a_damaged_lock_file_is_a_format_error_and_nothing_outside_changes(tmp_path: Any, damage: str) -> None:
+    from unienv_data.base.errors import StorageFormatError
+    path = str(tmp_path / "data")
+    _new(path).close()
+    lock = os.path.join(path, ".writer.lock")
+    os.unlink(lock)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    if damage == "directory":
+        os.mkdir(lock)
+    else:
+        os.symlink(outside, lock)
+    with pytest.raises(StorageFormatError, match="writer.lock is not a plain file"):
+        ReplayBuffer.load_from(path, backend=NB, read_only=False)
+    assert outside.read_text() == "keep me"
+    assert _values(path)[1] == [0.0] * 3          # readers are unaffected

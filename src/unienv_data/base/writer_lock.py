@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, Optional
 
-from .errors import StorageStateError
+from .errors import StorageFormatError, StorageStateError
 
 try:
     import fcntl
@@ -110,7 +110,16 @@ def take_writer_lock(path: Any, close_other: Callable[[Any], None]) -> WriterLoc
                 del _HELD[key]
     fd: Optional[int] = None
     if fcntl is not None:
-        fd = os.open(os.path.join(key, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        lock_path = os.path.join(key, LOCK_FILE)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        try:        # never through a link: the lock file is written, and nothing outside the dataset may change
+            fd = os.open(lock_path, flags, 0o666)
+        except OSError as exc:
+            if isinstance(exc, (PermissionError, FileNotFoundError)):
+                raise
+            raise StorageFormatError(f"{lock_path} is not a plain file ({exc.strerror}): the dataset directory is "
+                                     "damaged (the writer lock lives there); remove it to open the dataset for "
+                                     "writing") from None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -366,14 +366,15 @@ def test_ram_dump_and_load_into_ram_copy_the_rows_exactly(tmp_path: Any, cls: An
 
 
 def test_large_ram_blocks_start_zeroed_and_stay_private_to_a_forked_child(tmp_path: Any) -> None:
-    """In-RAM blocks of 4 MiB and more live in private anonymous mappings: zeros at creation, values round-trip
+    """In-RAM blocks of 64 MiB and more live in private anonymous mappings: zeros at creation, values round-trip
     through dumps / load into RAM, and a forked child's writes never reach the parent (copy-on-write, as with
     ordinary heap memory)."""
-    space = BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3))
-    rows = 400                                  # 4.7 MiB
+    from unienv_data.storages._array_file import _ANON_MAP_BYTES
+    space = BoxSpace(NB, 0, 255, np.uint8, shape=(256, 256, 3))
+    rows = _ANON_MAP_BYTES // (256 * 256 * 3) + 1
     st = NumpyMemmapStorage.create(space, capacity=rows)
     assert not st.get(slice(None)).any()
-    frames = np.random.default_rng(0).integers(0, 256, (rows, 64, 64, 3), dtype=np.uint8)
+    frames = np.random.default_rng(0).integers(0, 256, (rows, 256, 256, 3), dtype=np.uint8)
     st.set(slice(0, rows), frames)
     path = str(tmp_path / "frames.memmap")
     st.dumps(path)
@@ -381,7 +382,7 @@ def test_large_ram_blocks_start_zeroed_and_stay_private_to_a_forked_child(tmp_pa
     assert np.array_equal(back.get(slice(None)), frames)
     pid = os.fork()
     if pid == 0:                                # the child overwrites its copy and exits at once
-        back.set(0, np.zeros((64, 64, 3), np.uint8))
+        back.set(0, np.zeros((256, 256, 3), np.uint8))
         os._exit(0 if not back.get(0).any() else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0

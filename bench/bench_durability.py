@@ -84,7 +84,7 @@ def record(layout: str, path: str, steps: List[Dict[str, Any]], episodes: int, d
     if not durable:
         rb.flush()
     total = time.perf_counter() - t0
-    assert len(rb.get_segments()) == episodes
+    assert len(rb.episode_segments()) == episodes
     rb.close()
     return total / episodes, commits
 

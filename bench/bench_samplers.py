@@ -36,7 +36,7 @@ def build(Bk, inner):
         for t in range(e * STEPS, (e + 1) * STEPS):
             w.append({k: Bk.from_numpy(v[t]) for k, v in raw.items()})
         rb.commit_segment(w)
-    assert len(rb) == N and len(rb.get_segments()) == EPISODES
+    assert len(rb) == N and len(rb.episode_segments()) == EPISODES
     return rb
 
 def timeit(fn, reps=200, warm=20):

@@ -414,6 +414,18 @@ for e, n in enumerate([10, 17, 24, 30]):
 """
 
 
+def _kill_at_mid(script: str, out: Any) -> int:
+    """Runs `script` on `out` in a real subprocess, SIGKILLs it once it prints MID; its return code."""
+    import signal
+    child = subprocess.Popen([sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "MID"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    return int(child.returncode)
+
+
 def test_info_after_a_sigkill_sees_the_episodes_load_from_sees(tmp_path: Path) -> None:
     """A fixed-capacity native-layout buffer killed mid-episode (no close): its episodes are only in the
     DictStorage's commit log; `info` must read them from there as `load_from` does."""
@@ -421,13 +433,7 @@ def test_info_after_a_sigkill_sees_the_episodes_load_from_sees(tmp_path: Path) -
 
     from unienv_data.replay_buffer import ReplayBuffer
     out = tmp_path / "killed"
-    child = subprocess.Popen([sys.executable, "-c", _RECORD_AND_HANG, str(out)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "MID"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    assert _kill_at_mid(_RECORD_AND_HANG, out) == -signal.SIGKILL
     assert (out / "storage" / "dict_commit.log").is_file()
     rb = ReplayBuffer.load_from(str(out), backend="numpy")
     try:
@@ -487,13 +493,10 @@ def test_verify_remove_orphans_deletes_what_a_killed_video_writer_left(tmp_path:
     out = tmp_path / "vid"
     run_json("demo", "--out", out, "--episodes", 2, "--steps", 20, "--video", "--backend", "numpy")
     assert run_cli("verify", out, "-q", "--write-checksums").returncode == 0
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    child = subprocess.Popen([sys.executable, "-c", _ENCODE_AND_HANG, str(out)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "MID"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
+    def dataset_files() -> Dict[Any, bytes]:   # the writer lock holds the last writer's pid: not dataset content
+        return {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".writer.lock"}
+    before = dataset_files()
+    _kill_at_mid(_ENCODE_AND_HANG, out)
     left = [p for p in out.rglob(".active-*") if p.is_file()]
     assert len(left) == 1 and left[0].name.endswith(".tmp.mp4")
     rel = str(left[0].relative_to(out))
@@ -505,7 +508,7 @@ def test_verify_remove_orphans_deletes_what_a_killed_video_writer_left(tmp_path:
     text = run_cli("verify", "--remove-orphans", out, "-q").stdout
     assert f"removed 1 orphan file(s): {rel}" in text and text.rstrip().endswith("OK"), text
     assert not left[0].exists()
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert dataset_files() == before
     report = run_json("verify", out, "--remove-orphans")
     assert report["ok"] and report["orphans_removed"] == [] and report["warnings"] == []
     assert "--remove-orphans" not in run_cli("info", out, "-q").stdout

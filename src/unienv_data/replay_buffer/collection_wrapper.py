@@ -35,7 +35,8 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.forwarding import forwarded
-from unienv_interface.env_base.env import Env, StepResult
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+from unienv_interface.env_base.env import ActType, ContextType, Env, ObsType, RenderFrame, StepResult
 from unienv_interface.env_base.wrapper import Wrapper
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 from unienv_interface.space.space_utils import batch_utils
@@ -77,7 +78,10 @@ def _scalar_to(value: Any, space: Space, key: str) -> Any:
     return b.from_numpy(np.array(out, order="C"), dtype=space.dtype, device=space.device)
 
 
-class ReplayBufferCollectionWrapper(Wrapper):
+class ReplayBufferCollectionWrapper(
+    Wrapper[BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType,
+            BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType],
+):
     """Records every step of `env` into `replay_buffers` (see the module docstring for modes, keys and dumps)."""
 
     @classmethod

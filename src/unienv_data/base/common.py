@@ -21,6 +21,12 @@ SamplerArrayType = TypeVar("SamplerArrayType")
 SamplerDeviceType = TypeVar("SamplerDeviceType")
 SamplerDtypeType = TypeVar("SamplerDtypeType")
 SamplerRNGType = TypeVar("SamplerRNGType")
+# the types a wrapping batch or storage serves (the wrapped one's are BatchT and the backend's type variables)
+WrapperBatchT = TypeVar("WrapperBatchT")
+WrapperBArrayT = TypeVar("WrapperBArrayT")
+WrapperBDeviceT = TypeVar("WrapperBDeviceT")
+WrapperBDtypeT = TypeVar("WrapperBDtypeT")
+WrapperBRngT = TypeVar("WrapperBRngT")
 
 #: An index addressing one sample (int) or several (slice, Ellipsis; storages also take integer arrays and masks).
 IndexableType = Union[int, slice, EllipsisType]
@@ -146,8 +152,14 @@ class BatchBase(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             yield self.get_at(i)
 
 
-class BatchSampler(BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType, SamplerDtypeType, SamplerRNGType]):
-    """Read-only batch that draws batches of `batch_size` samples from `data` (uniformly, with replacement)."""
+class BatchSampler(
+    Generic[SamplerBatchT, SamplerArrayType, SamplerDeviceType, SamplerDtypeType, SamplerRNGType,
+            BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType],
+    BatchBase[SamplerBatchT, SamplerArrayType, SamplerDeviceType, SamplerDtypeType, SamplerRNGType],
+):
+    """Read-only batch that draws batches of `batch_size` samples from `data` (uniformly, with replacement).
+
+    Type parameters, as in the reference: the five of the batches it yields, then the five of `data`."""
 
     is_mutable = False
 

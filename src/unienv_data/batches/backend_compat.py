@@ -1,18 +1,23 @@
 """`ToBackendOrDeviceBatch`: another batch's samples converted to a backend and / or device on read."""
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from typing import Any, Optional, Tuple
+from typing import Any, Generic, Optional, Tuple
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import (BatchBase, BatchT, WrapperBArrayT, WrapperBatchT, WrapperBDeviceT,
+                                     WrapperBDtypeT, WrapperBRngT)
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.space.space_utils import flatten_utils
 
 from ._view import RowView
 
 
-class ToBackendOrDeviceBatch(RowView, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ToBackendOrDeviceBatch(
+    RowView,
+    Generic[WrapperBatchT, WrapperBArrayT, WrapperBDeviceT, WrapperBDtypeT, WrapperBRngT,
+            BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType],
+    BatchBase[WrapperBatchT, WrapperBArrayT, WrapperBDeviceT, WrapperBDtypeT, WrapperBRngT],
+):
     """The samples of `batch` converted to `backend` (a ComputeBackend class) and / or `device` on every read
     (DLPack where the libraries allow it, else through NumPy); `None` keeps the batch's own.
 

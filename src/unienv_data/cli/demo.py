@@ -247,7 +247,7 @@ def sample(ds: Any, seed: int) -> Dict[str, Any]:
     from unienv_data.samplers import SliceSampler, StepSampler
     rb = ds.obj
     out: Dict[str, Any] = {}
-    steps = StepSampler(rb, batch_size=256, seed=seed)
+    steps: StepSampler[Any, Any, Any, Any, Any] = StepSampler(rb, batch_size=256, seed=seed)
     batch = steps.sample()
     t0 = time.perf_counter()
     n = 0

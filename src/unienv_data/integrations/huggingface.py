@@ -31,10 +31,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.indexing import normalize_index
 from unienv_data.batches._tree import set_path
 from unienv_data.storages._list_helpers import require_module
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TextSpace
 
 from ._arrow_columns import column_to_numpy, first_row_shape, unwrap
@@ -208,7 +209,7 @@ def _episode_runs(arrow: Any, name: str) -> List[Tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, ends)]
 
 
-class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
+class HFAsUniEnvDataset(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A read-only `BatchBase` over a Hugging Face `datasets.Dataset` (see the module docstring)."""
 
     is_mutable = False
@@ -312,9 +313,10 @@ class HFAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
         if path[0] not in top_names:
             return super().get_column(nested_keys)
         top = path[0]
-        view = HFAsUniEnvDataset(self.hf_dataset.select_columns([top]),
-                                 DictSpace(self.backend, {top: self.single_space.spaces[top]}, device=self.device),
-                                 [c for c in self._columns if c.path[0] == top], self._segments)
+        view: HFAsUniEnvDataset[Any, Any, Any, Any, Any] = HFAsUniEnvDataset(
+            self.hf_dataset.select_columns([top]),
+            DictSpace(self.backend, {top: self.single_space.spaces[top]}, device=self.device),
+            [c for c in self._columns if c.path[0] == top], self._segments)
         return SubItemBatch(view, list(path))
 
 

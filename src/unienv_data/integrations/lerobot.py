@@ -23,9 +23,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 from unienv_data.base.closing import ClosesOnExit
-from unienv_data.base.common import BatchBase
+from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.indexing import normalize_index
 
@@ -113,7 +114,7 @@ def _select(schema: LeRobotSchema, include: Optional[Sequence[str]], exclude: Op
     return names
 
 
-class LeRobotAsUniEnvDataset(ClosesOnExit, BatchBase[Any, Any, Any, Any, Any]):
+class LeRobotAsUniEnvDataset(ClosesOnExit, BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A LeRobot dataset as a read-only batch of flat dict samples, one per frame (see the module docstring)."""
 
     is_mutable = False

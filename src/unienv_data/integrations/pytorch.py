@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
 from unienv_data.base.closing import ClosesOnExit
-from unienv_data.base.common import BatchBase, BatchSampler
+from unienv_data.base.common import BatchBase, BatchSampler, BatchT
 from unienv_data.batches._tree import collate_to_torch, warn_slow_worker_transfer
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_interface.backends.pytorch import PyTorchComputeBackend
@@ -190,7 +190,7 @@ def _conform(x: Any, space: Space, where: str) -> Any:
     return t
 
 
-class PyTorchAsUniEnvDataset(BatchBase[Any, Any, Any, Any, Any]):
+class PyTorchAsUniEnvDataset(BatchBase[BatchT, torch.Tensor, Union[torch.device, str], torch.dtype, torch.Generator]):
     """A map-style torch dataset as a read-only `BatchBase` on the PyTorch backend.
 
     The space is inferred from ``dataset[0]``: float tensors give unbounded Boxes, integer tensors Boxes over the

@@ -76,8 +76,8 @@ def load_storage_as(storage_cls: Type[SpaceStorage], full: str, space: Space, sp
         except (TypeError, ValueError):
             continue
         try:
-            served: ToBackendOrDeviceStorage[Any, Any, Any, Any, Any] = ToBackendOrDeviceStorage(
-                space, inner, os.path.basename(full))
+            served: ToBackendOrDeviceStorage[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]
+            served = ToBackendOrDeviceStorage(space, inner, os.path.basename(full))
         except (TypeError, ValueError):
             inner.close()
             continue

@@ -35,7 +35,8 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 import numpy as np
 
 from unienv_data.base.forwarding import forwarded
-from unienv_interface.env_base.env import Env, StepResult
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+from unienv_interface.env_base.env import ActType, ContextType, Env, ObsType, RenderFrame, StepResult
 from unienv_interface.env_base.wrapper import Wrapper
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space
 from unienv_interface.space.space_utils import batch_utils
@@ -77,7 +78,10 @@ def _scalar_to(value: Any, space: Space, key: str) -> Any:
     return b.from_numpy(np.array(out, order="C"), dtype=space.dtype, device=space.device)
 
 
-class ReplayBufferCollectionWrapper(Wrapper):
+class ReplayBufferCollectionWrapper(
+    Wrapper[BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType,
+            BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType],
+):
     """Records every step of `env` into `replay_buffers` (see the module docstring for modes, keys and dumps)."""
 
     @classmethod
@@ -97,8 +101,8 @@ class ReplayBufferCollectionWrapper(Wrapper):
                  dump_on_reset_boundary: bool = False, dump_path: Optional[PathLike] = None) -> None:
         super().__init__(env)
         if (dump_on_episode_end or dump_on_reset_boundary) and dump_path is None:
-            raise ValueError("dump_on_episode_end / dump_on_reset_boundary need dump_path (the directory the buffer "
-                             "is dumped to)")
+            raise ValueError("dump_path must be provided: dump_on_episode_end / dump_on_reset_boundary need "
+                             "dump_path (the directory the buffer is dumped to)")
         if transition_builder is not None and not (callable(transition_builder)
                                                    or isinstance(transition_builder, DataTransformation)):
             raise TypeError(f"transition_builder must be a callable or a DataTransformation, got "
@@ -141,7 +145,8 @@ class ReplayBufferCollectionWrapper(Wrapper):
     def step(self, action: Any) -> StepResult:
         """Steps the env and records the transition; an episode that ends here ends its buffer's segment."""
         if not self._initialized:
-            raise RuntimeError("step() before reset(): call reset() first so the first observation is known")
+            raise RuntimeError("Cannot call step() before reset(): call reset() first so the first observation is "
+                               "known")
         obs, reward, terminated, truncated, info = self.env.step(action)
         context = self._cached_context if self.context_space is not None else None
         if self._replay_mode == "per_env":
@@ -259,9 +264,9 @@ class ReplayBufferCollectionWrapper(Wrapper):
             return
         if isinstance(target, DictSpace) and isinstance(transition, dict):
             bad = [k for k, s in target.spaces.items() if k not in transition or not s.contains(transition[k])]
-            raise ValueError(f"the built transition does not belong to the buffer's space: key(s) {bad} do not match "
-                             f"{[target.spaces[k] for k in bad if k in target.spaces]}")
-        raise ValueError(f"the built transition does not belong to the buffer's space {target}")
+            raise ValueError(f"the built transition does not match target space (the buffer's space): key(s) {bad} "
+                             f"do not match {[target.spaces[k] for k in bad if k in target.spaces]}")
+        raise ValueError(f"the built transition does not match target space (the buffer's space) {target}")
 
     # ------------------------------------------------------------------ layout and keys
     @staticmethod
@@ -286,18 +291,19 @@ class ReplayBufferCollectionWrapper(Wrapper):
             return "shared"
         if B is not None and B > 1 and K == B:
             return "per_env"
-        raise ValueError(f"cannot choose a replay mode for {K} buffers and batch_size {B}: give one buffer (shared) "
+        raise ValueError(f"Cannot auto-resolve a replay mode for {K} buffers and batch_size {B}: give one buffer (shared) "
                          "or one per env slot (per_env), or pass replay_mode")
 
     def _check_layout(self, buffers: List[ReplayBuffer], mode: str) -> None:
         B, K = self.batch_size, len(buffers)
         if mode == "shared" and K != 1:
-            raise ValueError(f"shared mode records into exactly 1 buffer, got {K}")
+            raise ValueError(f"shared mode records into exactly 1 replay buffer, got {K}")
         if mode == "per_env":
             if B is None or B < 2:
                 raise ValueError(f"per_env mode needs a batched env with batch_size > 1, got batch_size {B}")
             if K != B:
-                raise ValueError(f"per_env mode needs one buffer per env slot: {K} buffers for batch_size {B}")
+                raise ValueError(f"per_env mode needs exactly one replay buffer per env slot: {K} buffers for batch_size "
+                                 f"{B}")
         if self._builder is None or isinstance(self._builder, DataTransformation):
             for rb in buffers:
                 self._check_keys(rb.single_space, mode)
@@ -358,12 +364,13 @@ class ReplayBufferCollectionWrapper(Wrapper):
         if require_same_space:
             for i, (a, b) in enumerate(zip(old, new)):
                 if a.single_space != b.single_space:
-                    raise ValueError(f"new buffer {i} stores {b.single_space}, the old one {a.single_space}; pass "
+                    raise ValueError(f"new buffer {i} has a different single_space, {b.single_space}, than the old one "
+                                     f"{a.single_space}; pass "
                                      "require_same_space=False to allow it")
         open_eps = any(rb.has_open_segment for rb in old)
         if open_eps and not (allow_mid_episode or finalize_old_segments or dump_old):
-            raise RuntimeError("an episode is open in the current buffer(s): pass finalize_old_segments=True (end it "
-                               "there), dump_old=True, or allow_mid_episode=True")
+            raise RuntimeError("an episode is open in the current buffer(s) (open segments): pass "
+                               "finalize_old_segments=True (end it there), dump_old=True, or allow_mid_episode=True")
         if finalize_old_segments or dump_old:
             for rb in old:
                 if rb.has_open_segment:

@@ -82,7 +82,9 @@ from typing import Any, Deque, Dict, Iterator, List, NoReturn, Optional, Sequenc
 import numpy as np
 
 from unienv_data.base.closing import ClosesOnExit
-from unienv_data.base.common import BatchBase, BatchSampler
+from unienv_data.base.common import (BatchBase, BatchSampler, BatchT, SamplerArrayType, SamplerBatchT,
+                                     SamplerDeviceType, SamplerDtypeType, SamplerRNGType)
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 
 from ._mp_packing import unpack
 from ._mp_pool import WorkerPool
@@ -136,7 +138,11 @@ class _Failure:
         return SamplerWorkerError(f"sampler worker {self.worker} raised an exception", self.text)
 
 
-class MultiprocessingSampler(ClosesOnExit, BatchSampler[Any, Any, Any, Any, Any]):
+class MultiprocessingSampler(
+    ClosesOnExit,
+    BatchSampler[SamplerBatchT, SamplerArrayType, SamplerDeviceType, SamplerDtypeType, SamplerRNGType,
+                 BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType],
+):
     """Runs `sampler` in `n_workers` worker processes that keep up to `n_buffers` batches ready (module docstring).
 
     Arguments beyond the reference API (keyword-only): `seed` (base of the per-worker seeds; None draws fresh

@@ -180,7 +180,7 @@ def _ring_of(data: Any) -> Optional[Any]:
     return None
 
 
-class PrioritizedSampler(BatchSampler[Any, Any, Any, Any, Any]):
+class PrioritizedSampler(BatchSampler[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]):
     """Draws `batch_size` samples of `data` with probability by priority (see the module docstring).
 
     `sample()` returns `(batch, info)`; `info["index"]` holds the keys to pass to `update_priorities`,

@@ -30,7 +30,7 @@ WEIGHTINGS = ("uniform", "length")
 CROPS = ("random", "start", "end")
 
 
-class SegmentSampler(BatchSampler[Any, Any, Any, Any, Any]):
+class SegmentSampler(BatchSampler[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]):
     """Draws `batch_size` segments (episodes) of `data` with replacement (see the module docstring)."""
 
     def __init__(self, data: BatchBase, batch_size: int, seed: Optional[int] = None, *, weighting: str = "uniform",

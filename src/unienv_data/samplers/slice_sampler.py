@@ -24,7 +24,7 @@ from unienv_data.batches.sub_indexed import SubIndexedBatch
 from unienv_interface.space.space_utils import batch_utils, flatten_utils
 
 
-class SliceSampler(BatchSampler[Any, Any, Any, Any, Any]):
+class SliceSampler(BatchSampler[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]):
     """Draws `batch_size` windows of `window` consecutive steps from `data` (see the module docstring).
 
     `sample()` returns `(windows, valid_mask)`: every leaf shaped `(batch_size, window, ...)` and a

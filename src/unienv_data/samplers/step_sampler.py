@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from unienv_data.base.common import BatchBase, BatchSampler
+from unienv_data.base.common import BatchBase, BatchSampler, BatchT
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 
 
-class StepSampler(BatchSampler[Any, Any, Any, Any, Any]):
+class StepSampler(BatchSampler[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType,
+                               BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Draws `batch_size` indices uniformly in `[0, len(data))` with the data backend's RNG (seeded by `seed`) and
     returns `data.get_at(indices)`; with `device`, batches are moved there."""
 

@@ -1,18 +1,19 @@
 """`ToBackendOrDeviceStorage`: a storage whose elements live on one backend / device, served on another."""
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Type, Union
+from typing import Any, Callable, Dict, Generic, Mapping, Optional, Type, Union
 
 import numpy as np
 
+from unienv_data.base.common import (BatchT, WrapperBArrayT, WrapperBatchT, WrapperBDeviceT, WrapperBDtypeT,
+                                     WrapperBRngT)
 from unienv_data.base.errors import StorageFormatError
 from unienv_data.base.files import FORMAT_VERSION, PathLike
 from unienv_data.base.registry import register_storage, storage_type_name
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.base.wrapper import ValueMappingStorage
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.backends.serialization import deserialize_backend, serialize_backend
 from unienv_interface.space import BinarySpace, BoxSpace, DictSpace, Space, TupleSpace
@@ -58,7 +59,11 @@ def _map_leaves(space: Space, data: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 @register_storage
-class ToBackendOrDeviceStorage(ValueMappingStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ToBackendOrDeviceStorage(
+    ValueMappingStorage[WrapperBatchT, WrapperBArrayT, WrapperBDeviceT, WrapperBDtypeT, WrapperBRngT],
+    Generic[WrapperBatchT, WrapperBArrayT, WrapperBDeviceT, WrapperBDtypeT, WrapperBRngT,
+            BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType],
+):
     """Serves an inner storage that keeps its elements on another backend and/or device: e.g. a NumPy-backend
     `NumpyMemmapStorage` read and written as torch tensors, or torch tensors stored on the CPU served on a GPU.
 

@@ -28,7 +28,6 @@ crash between two children's metadata writes) are forgotten, keeping those every
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from collections.abc import Mapping
@@ -61,7 +60,7 @@ METADATA_FILE = "dict_storage_metadata.json"
 
 
 @register_storage
-class DictStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Stores a `DictSpace` as one child storage per key path (see the module docstring for the routing).
 
     `create(space, storage_cls_map, *args, capacity=None, cache_path=None, multiprocessing=False, key_kwargs={},

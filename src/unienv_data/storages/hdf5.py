@@ -34,8 +34,6 @@ reads them); an in-memory storage (no `cache_path`) is allowed and `dumps` write
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import json
 import mmap
 import os
@@ -43,6 +41,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 
 from unienv_data.base.errors import StorageNotFoundError, StorageStateError
 from unienv_data.base.files import FORMAT_VERSION, PathLike, is_durable
@@ -84,7 +83,10 @@ if hasattr(os, "register_at_fork"):
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class HDF5Storage(LeafTreeWrites, LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class HDF5Storage(
+    LeafTreeWrites,
+    LeafStorage[Union[Dict[str, Any], np.ndarray, str], np.ndarray, Any, np.dtype, np.random.Generator],
+):
     """Samples of a NumPy DictSpace / Box / Binary / Text space in one HDF5 file (see the module docstring).
 
     `create(single_instance_space, capacity=None, cache_path=None, multiprocessing=False, initial_capacity=None,

@@ -20,7 +20,6 @@ the segment ends (a crash before that loses only the open segment).
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, List, Optional
@@ -55,7 +54,7 @@ def _check_quality(quality: Any) -> int:
 
 
 @register_storage
-class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ImageStorage(FileRowStorage[BArrayType, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a (H, W, 3) or (H, W) uint8 BoxSpace, one image file each (see the module docstring).
 
     `create(space, *, format="PNG", quality=75, lossless=None, compress_level=1, image_options=None, capacity=None,

@@ -13,7 +13,6 @@ works; segments are recorded.
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import math
 import os
@@ -36,7 +35,7 @@ METADATA_FILE = "npz_metadata.json"
 
 
 @register_storage
-class NPZStorage(ListStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class NPZStorage(ListStorageBase[BArrayType, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Rows of a Box / Binary space, one `<row>.npz` file each (see the module docstring).
 
     `create(space, *, compressed=True, capacity=None, cache_path (a new or empty directory), multiprocessing=False)`;

@@ -22,8 +22,6 @@ the pieces and replaces stale ones of an older dump there; writes through a colu
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -47,7 +45,9 @@ from ._parquet_pieces import ParquetPieces
 
 # ---------------------------------------------------------------------------------------------------- storage
 @register_storage
-class ParquetStorage(ParquetPieces[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class ParquetStorage(
+    ParquetPieces[Union[Dict[str, Any], np.ndarray, str], np.ndarray, Any, np.dtype, np.random.Generator],
+):
     """Samples of a flat NumPy DictSpace / Box / Binary / Text space in Parquet pieces (see the module docstring).
 
     `create(space, *, capacity=None, cache_path (a new or empty directory), multiprocessing=False,

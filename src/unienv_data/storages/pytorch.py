@@ -5,9 +5,7 @@ Files keep the reference layout (raw `.memmap` rows), so files written by `unien
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
-from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -24,7 +22,9 @@ from ._array_storage import ArrayStorageBase
 
 
 @register_storage
-class PytorchTensorStorage(ArrayStorageBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class PytorchTensorStorage(
+    ArrayStorageBase[torch.Tensor, torch.Tensor, Union[torch.device, str], torch.dtype, torch.Generator],
+):
     """A `(capacity, *shape)` tensor of a torch Box / Binary space, on the CPU.
 
     `create(space, *, capacity, is_memmap=None, cache_path=None, multiprocessing=False, memmap_existok=True)`:

@@ -34,7 +34,6 @@ process (`multiprocessing=True` only for read-only opens); decoding runs on the 
 """
 from __future__ import annotations
 
-from unienv_data.base.common import BatchT
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 import os
 import weakref
@@ -68,7 +67,7 @@ _TRIM_CHUNK = 64
 
 
 @register_storage
-class VideoStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
+class VideoStorage(FileRowStorage[BArrayType, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Frames of a (H, W, 3) or (H, W) uint8 BoxSpace, or of a (H, W) / (H, W, 1) uint16 one (16-bit grayscale, e.g.
     depth in millimetres), stored as video files (see the module docstring).
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Dict, Generic, Optional, Sequence, SupportsFloat, Tuple, TypeVar, Union
 
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils import batch_utils
 
@@ -15,7 +16,7 @@ RenderFrame = TypeVar("RenderFrame")
 StepResult = Tuple[Any, Union[SupportsFloat, Any], Union[bool, Any], Union[bool, Any], Dict[str, Any]]
 
 
-class Env(abc.ABC, Generic[ContextType, ObsType, ActType, RenderFrame]):
+class Env(abc.ABC, Generic[BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType]):
     """An environment: `action_space`, `observation_space` and an optional `context_space` (a per-episode value
     such as a goal, returned by `reset`), a compute `backend` and `device`, and a random generator `rng`.
 
@@ -25,6 +26,9 @@ class Env(abc.ABC, Generic[ContextType, ObsType, ActType, RenderFrame]):
 
     `reset(*, mask=None, seed=None, **kwargs)` returns `(context, obs, info)` (with a `mask`, a batched env returns
     only the reset slots); `step(action)` returns `(obs, reward, terminated, truncated, info)`.
+
+    Type parameters, in the reference's order: array, context, observation, action, render frame, device, dtype,
+    random generator (e.g. `Env[np.ndarray, None, np.ndarray, np.ndarray, Any, Any, np.dtype, np.random.Generator]`).
     """
 
     metadata: Dict[str, Any] = {"render_modes": []}

@@ -1,20 +1,40 @@
 """`Wrapper`: an `Env` around another `Env` that forwards everything unless a subclass overrides it."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generic, Optional, Sequence, Tuple, TypeVar, Union
+
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 
 from unienv_interface.space import Space
 
 from ._forwarding import Forwarded
-from .env import Env, RenderFrame, StepResult
+from .env import ActType, ContextType, Env, ObsType, RenderFrame, StepResult
+
+# the types this layer exposes (the wrapped env's are Env's own type variables)
+WrapperBArrayT = TypeVar("WrapperBArrayT")
+WrapperContextT = TypeVar("WrapperContextT")
+WrapperObsT = TypeVar("WrapperObsT")
+WrapperActT = TypeVar("WrapperActT")
+WrapperRenderFrame = TypeVar("WrapperRenderFrame")
+WrapperBDeviceT = TypeVar("WrapperBDeviceT")
+WrapperBDtypeT = TypeVar("WrapperBDtypeT")
+WrapperBRngT = TypeVar("WrapperBRngT")
 
 
-class Wrapper(Env[Any, Any, Any, Any]):
+class Wrapper(
+    Env[WrapperBArrayT, WrapperContextT, WrapperObsT, WrapperActT, WrapperRenderFrame, WrapperBDeviceT,
+        WrapperBDtypeT, WrapperBRngT],
+    Generic[WrapperBArrayT, WrapperContextT, WrapperObsT, WrapperActT, WrapperRenderFrame, WrapperBDeviceT,
+            WrapperBDtypeT, WrapperBRngT,
+            BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType],
+):
     """Forwards the lifecycle, spaces, backend, device, batch size and rng to `env`.
 
     A subclass may assign `action_space`, `observation_space`, `context_space`, `metadata` or `rng` to override
     them for this layer only (assigning None goes back to forwarding); a replacement space must keep the batching
-    of the wrapped env."""
+    of the wrapped env.
+
+    Type parameters, as in the reference: this layer's eight (in `Env`'s order), then the wrapped env's eight."""
 
     def __init__(self, env: Env) -> None:
         if not isinstance(env, Env):
@@ -64,7 +84,7 @@ class Wrapper(Env[Any, Any, Any, Any]):
               **kwargs: Any) -> Tuple[Any, Any, Dict[str, Any]]:
         return self.env.reset(*args, mask=mask, seed=seed, **kwargs)
 
-    def render(self) -> Union[RenderFrame, Sequence[RenderFrame], None]:
+    def render(self) -> Union[WrapperRenderFrame, Sequence[WrapperRenderFrame], None]:
         return self.env.render()
 
     def close(self) -> None:
@@ -108,4 +128,5 @@ class Wrapper(Env[Any, Any, Any, Any]):
         return str(self)
 
 
-__all__ = ["Wrapper"]
+__all__ = ["Wrapper", "WrapperBArrayT", "WrapperContextT", "WrapperObsT", "WrapperActT", "WrapperRenderFrame",
+           "WrapperBDeviceT", "WrapperBDtypeT", "WrapperBRngT"]

@@ -95,7 +95,7 @@ class RescaleTransformation(DataTransformation):
             raise ValueError(f"new bounds of shapes {self.new_low.shape} / {self.new_high.shape} do not broadcast to "
                              f"the space's shape {shape}") from None
         dt = sp.dtype if self.new_dtype is None else b.dtype_from_name(self.new_dtype)
-        target = BoxSpace(b, nl, nh, dt, device=sp.device, shape=shape, metadata=sp.metadata)
+        target: BoxSpace[Any, Any, Any, Any] = BoxSpace(b, nl, nh, dt, device=sp.device, shape=shape, metadata=sp.metadata)
         if np.any(target.low_numpy >= target.high_numpy):
             raise ValueError(f"the new bounds collapse when stored as {dtype_name(b, dt)} (new_low == new_high "
                              "somewhere): the map would not be invertible")

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence, SupportsFloat, Tuple, Union
+from typing import Any, Dict, Generic, Optional, Sequence, SupportsFloat, Tuple, Union
 
 import numpy as np
 
@@ -20,9 +20,10 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError("unienv_interface.wrapper.gym_compat needs gymnasium: pip install 'unienv-storage[gym]'") from _exc
 
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.numpy import NumpyComputeBackend
 from unienv_interface.env_base._forwarding import Forwarded
-from unienv_interface.env_base.env import Env, StepResult
+from unienv_interface.env_base.env import ActType, ContextType, Env, ObsType, RenderFrame, StepResult
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils import gym_utils
 
@@ -33,7 +34,10 @@ def _no_mask(mask: Any, who: str) -> None:
                          "reset() without a mask")
 
 
-class FromGymnasiumEnv(Env[None, Any, Any, Any]):
+class FromGymnasiumEnv(
+    Env[np.ndarray, None, ObsType, ActType, RenderFrame, Any, np.dtype, np.random.Generator],
+    Generic[ObsType, ActType, RenderFrame],
+):
     """A `gymnasium.Env` seen through the `Env` contract (NumPy backend, unbatched, no context)."""
 
     def __init__(self, env: Any) -> None:
@@ -158,7 +162,10 @@ def combine_context_obs(context: Any, observation: Any) -> Any:
     return {"context": context, "observation": observation}
 
 
-class ToGymnasiumEnv(gym.Env):
+class ToGymnasiumEnv(
+    gym.Env[Any, Any],
+    Generic[BArrayType, ContextType, ObsType, ActType, RenderFrame, BDeviceType, BDtypeType, BRNGType],
+):
     """An unbatched `Env` as a `gymnasium.Env` (spaces through `gym_utils.to_gym_space`; reward as float,
     terminated / truncated as bool)."""
 

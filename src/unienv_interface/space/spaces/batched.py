@@ -5,11 +5,13 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_interface.backends.base import BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space
 
 
-class BatchedSpace(Space[np.ndarray, Any, Any, Any]):
+class BatchedSpace(Space[np.ndarray, BDeviceType, BDtypeType, BRNGType]):
     """A batch of `batch_shape` elements of `single_space`, held in a NumPy object array."""
 
     def __init__(self, single_space: Space, batch_shape: Sequence[int], metadata: Optional[Mapping[str, Any]] = None) -> None:

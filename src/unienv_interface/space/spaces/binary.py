@@ -5,12 +5,14 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space, array_data_to, check_backend
 from ._array import ArraySpaceMixin
 
 
-class BinarySpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
+class BinarySpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A boolean array of `shape`. Equality compares backend, shape and dtype (device ignored, as for BoxSpace)."""
 
     def __init__(self, backend: Any, shape: Sequence[int], dtype: Any = None, device: Any = None,

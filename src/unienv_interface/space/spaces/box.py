@@ -5,6 +5,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space, array_data_to, check_backend
 from ._array import ArraySpaceMixin
@@ -96,7 +98,7 @@ def _int_bounds(b: np.ndarray, np_dt: np.dtype, which: str) -> np.ndarray:
     return out
 
 
-class BoxSpace(ArraySpaceMixin, Space[Any, Any, Any, Any]):
+class BoxSpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """An array of `shape` and `dtype` (real floating or integer) whose elements lie in `[low, high]`.
 
     `low` / `high` may be scalars or arrays broadcastable to `shape`; without `shape` the shape comes from the

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
+from unienv_interface.backends.base import BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space
 
@@ -14,7 +16,7 @@ def _sorted_items(items: Sequence[Tuple[Any, Any]]) -> Sequence[Tuple[Any, Any]]
         return list(items)
 
 
-class DictSpace(Space[Dict[str, Any], Any, Any, Any]):
+class DictSpace(Space[Dict[str, Any], BDeviceType, BDtypeType, BRNGType]):
     """Named children, stored in sorted key order (insertion order when keys do not sort).
 
     Nested plain mappings become nested DictSpaces. All children share the backend; with `device` they are moved

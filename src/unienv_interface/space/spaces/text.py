@@ -5,11 +5,13 @@ from typing import Any, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from unienv_interface.backends.base import BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space
 
 
-class TextSpace(Space[str, Any, Any, Any]):
+class TextSpace(Space[str, BDeviceType, BDtypeType, BRNGType]):
     """Python strings with `min_length <= len(s) <= max_length`, every character in `charset` when one is set."""
 
     def __init__(self, backend: Any, max_length: int, *, min_length: int = 0,

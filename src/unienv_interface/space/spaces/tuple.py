@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
+from unienv_interface.backends.base import BDeviceType, BDtypeType, BRNGType
+
 from ..metadata import SpaceMetadata
 from ..space import Space
 
 
-class TupleSpace(Space[Tuple[Any, ...], Any, Any, Any]):
+class TupleSpace(Space[Tuple[Any, ...], BDeviceType, BDtypeType, BRNGType]):
     """Positional children sharing one backend. Equality is tuple equality of the children."""
 
     def __init__(self, backend: Any, spaces: Sequence[Space], device: Any = None,

@@ -101,6 +101,10 @@ def test_another_process_is_refused_while_a_writer_lives_and_a_killed_writer_fre
         with pytest.raises(WriterLockError):
             ReplayBuffer.create(DictStorage, SPACE, cache_path=path, capacity=None, overwrite=True,
                                 **native_layout_kwargs(SPACE))
+        other = DictSpace(NB, {"x": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,))})
+        with pytest.raises(ValueError, match="'x'") as err:       # the caller's own mistake is named first
+            ReplayBuffer.load_from(path, backend=NB, read_only=False, single_instance_space=other)
+        assert not isinstance(err.value, WriterLockError)
         reader = ReplayBuffer.load_from(path, backend=NB)          # readers take no lock
         assert len(reader) == 3
         reader.close()

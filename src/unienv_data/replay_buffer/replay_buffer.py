@@ -79,6 +79,23 @@ def _storage_runs(storage: SpaceStorage) -> List[Tuple[int, int]]:
     return [(s, run_length(s, e, cap)) for s, e in storage.episode_segments() or []]
 
 
+
+def _served_space(meta: Dict[str, Any], path: PathLike, backend: Any, device: Any,
+                  single_instance_space: Optional[Space]) -> Space:
+    """The space a buffer opened from `meta` (its metadata.json) serves: the stored one on `backend` / `device`, or
+    the caller's `single_instance_space`, which must equal it (a ValueError names the first key that differs)."""
+    meta_path = os.path.join(os.fspath(path), METADATA_FILE)
+    try:
+        space = json_to_space(meta["single_instance_space"], backend, device)
+    except ValueError as exc:
+        raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
+    if single_instance_space is None:
+        return space
+    if single_instance_space != space:
+        raise ValueError(stored_space_difference(meta["single_instance_space"], single_instance_space,
+                                                 os.fspath(path), meta_path))
+    return single_instance_space
+
 class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """A ring buffer over `storage` (see the module docstring). `len(buffer)` is the number of stored samples."""
 
@@ -278,8 +295,11 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                             f"it, create a new buffer with the capacity you want and extend it with this one's rows")
         # a writer holds the directory's writer lock from before its metadata is read until it closes (see
         # base.writer_lock): an older writer in this process is closed first, one in another process refuses
-        lock = (take_writer_lock(path, cls._close_for_reopen)
-                if not read_only and os.path.isdir(os.fspath(path)) else None)
+        lock = None
+        if not read_only and os.path.isdir(os.fspath(path)):
+            if single_instance_space is not None:   # the caller's mistake first, even when another process writes
+                _served_space(read_metadata(path), path, backend, device, single_instance_space)
+            lock = take_writer_lock(path, cls._close_for_reopen)
         try:
             rb = cls._open_directory(path, backend, device, read_only, multiprocessing, single_instance_space,
                                      storage_kwargs)
@@ -297,15 +317,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         """The body of `load_from` (its arguments checked, the writer lock taken)."""
         meta = read_metadata(path)
         meta_path = os.path.join(os.fspath(path), METADATA_FILE)
-        try:
-            space = json_to_space(meta["single_instance_space"], backend, device)
-        except ValueError as exc:
-            raise StorageFormatError(f"{meta_path}: stored space is malformed: {exc}") from None
-        if single_instance_space is not None:
-            if single_instance_space != space:
-                raise ValueError(stored_space_difference(meta["single_instance_space"], single_instance_space,
-                                                         os.fspath(path), meta_path))
-            space = single_instance_space
+        space = _served_space(meta, path, backend, device, single_instance_space)
         storage_cls = resolve_storage_class(meta["storage_cls"], meta_path)
         rel = meta["storage_path_relative"]
         full = confined_path(path, rel, meta_path)

@@ -23,6 +23,7 @@ import numpy as np
 from unienv_data.base.processes import pid_alive
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.replay_buffer import ReplayBuffer
+from unienv_data.replay_buffer._metadata import read_metadata
 from unienv_interface.backends import NumpyComputeBackend
 from unienv_interface.space import DictSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
@@ -75,15 +76,14 @@ def open_or_create(directory: str, space_json: Optional[Dict[str, Any]], storage
     """`(buffer, reopened)`: the writable buffer in `directory` (a given space must equal the stored one), or a new
     one laid out by `storage` when the directory holds none (then `space_json` is required)."""
     if ReplayBuffer.is_loadable_from(directory):
-        buffer = ReplayBuffer.load_from(directory, backend=NumpyComputeBackend, read_only=False)
-        if space_json is not None:
-            stored = space_to_json(buffer.single_space)
+        if space_json is not None:      # checked before the open: another process may hold the writer lock
+            stored = space_to_json(json_to_space(read_metadata(directory)["single_instance_space"],
+                                                 NumpyComputeBackend))
             given = space_to_json(numpy_space(space_json))
             if stored != given:
-                buffer.close()
                 raise ValueError(f"the buffer in {directory} stores another space:\n  given:  {given}\n  stored: "
                                  f"{stored}")
-        return buffer, True
+        return ReplayBuffer.load_from(directory, backend=NumpyComputeBackend, read_only=False), True
     if os.path.isdir(directory) and os.listdir(directory):
         raise FileExistsError(f"{directory} is not empty and holds no replay buffer (no valid metadata.json); "
                               "give an empty or new directory")

@@ -180,9 +180,14 @@ def test_memmap_file_with_appended_bytes_is_refused(tmp_path: Path, cap: Any) ->
 
 
 def test_replay_buffer_and_storages_are_generic() -> None:
+    """Subscripted as the reference's are (its PytorchTensorStorage is concrete: no parameters; the full table is in
+    tests/test_reference_generics.py)."""
     from typing import Any as A
-    for cls in (ReplayBuffer, PytorchTensorStorage, FlattenedStorage, DictStorage):
+    for cls in (ReplayBuffer, FlattenedStorage):
         assert cls[A, A, A, A, A] is not None  # type: ignore[index]
+    assert DictStorage[A, A, A, A] is not None  # type: ignore[index]
+    with pytest.raises(TypeError):
+        PytorchTensorStorage[A]  # type: ignore[index]
 
 
 def test_libx264rgb_qp0_from_encoder_options_is_lossless(tmp_path: Path) -> None:

@@ -148,8 +148,11 @@ def test_buffer_without_dict_space_records_next_obs() -> None:
     env = FromGymnasiumEnv(gym.make("CartPole-v1"))
     buffer = ReplayBuffer.create(DictStorage, DictSpace(NB, {"x": env.observation_space}), capacity=4,
                                  **native_layout_kwargs(DictSpace(NB, {"x": env.observation_space})))
+    unchecked = ReplayBufferCollectionWrapper(env, buffer)     # keys are checked at step, as the reference does
+    unchecked.reset(seed=0)
     with pytest.raises(KeyError, match=r"key\(s\) \['x'\] that the default transition builder cannot fill"):
-        ReplayBufferCollectionWrapper(env, buffer)
+        unchecked.step(np.int64(1))
+    assert len(buffer) == 0
     wrapper = ReplayBufferCollectionWrapper(
         env, buffer, transition_builder=lambda **kw: {"x": kw["next_obs"]}, validate_transition=True)
     _, obs0, _ = wrapper.reset(seed=0)
@@ -168,8 +171,11 @@ def test_refusals() -> None:
     for key in ("context", "env_index"):
         sp = DictSpace(NB, {"obs": env.observation_space, key: BoxSpace(NB, 0, 9, np.int64, shape=())})
         other = ReplayBuffer.create(DictStorage, sp, capacity=4, **native_layout_kwargs(sp))
+        keyed = ReplayBufferCollectionWrapper(env, other)        # builds: the key is refused at step
+        keyed.reset(seed=0)
         with pytest.raises(KeyError, match=f"'{key}' key"):
-            ReplayBufferCollectionWrapper(env, other)
+            keyed.step(np.int64(0))
+        assert len(other) == 0
     wrapper = ReplayBufferCollectionWrapper(env, buffer)
     with pytest.raises(RuntimeError, match=r"step\(\) before reset\(\)"):
         wrapper.step(np.int64(0))

@@ -10,10 +10,10 @@ Modes (`replay_mode`):
 
 What is recorded: the default builder fills the keys of the buffer's `DictSpace` among `obs` (the observation the
 action was taken in), `next_obs`, `action`, `reward`, `terminated`, `truncated`, `done` (terminated or truncated),
-`context` and `env_index`; any other key is a KeyError when the wrapper is built. A buffer whose space is not a
-DictSpace records `next_obs` only. `transition_builder` replaces the default: a callable receiving the keyword
-arguments `cached_obs, cached_context, action, next_obs, reward, terminated, truncated, env_index,
-rb_single_space`, or a `DataTransformation` applied to the canonical dict.
+`context` and `env_index`; any other key is a KeyError when a transition is built (at `step`, as the
+reference). A buffer whose space is not a DictSpace records `next_obs` only. `transition_builder` replaces the
+default: a callable receiving the keyword arguments `cached_obs, cached_context, action, next_obs, reward,
+terminated, truncated, env_index, rb_single_space`, or a `DataTransformation` applied to the canonical dict.
 
 Scalars (reward, flags, env_index) are converted to the dtype of their key's space, refusing values that dtype
 cannot hold (a fraction into an integer, 2 into a boolean). Observations are recorded as they come, outside their
@@ -202,7 +202,10 @@ class ReplayBufferCollectionWrapper(
     def _build(self, prev_obs: Any, context: Any, action: Any, obs: Any, reward: Any, terminated: Any,
                truncated: Any, env_index: Any, rb: ReplayBuffer, *, batched: bool) -> Any:
         space = rb.single_space
-        if self._builder is not None and not isinstance(self._builder, DataTransformation):
+        if self._builder is None or isinstance(self._builder, DataTransformation):
+            # checked here, when a transition is built (as the reference does), not when the wrapper is built
+            self._check_keys(space, self._replay_mode)
+        else:
             return self._builder(cached_obs=prev_obs, cached_context=context, action=action, next_obs=obs,
                                  reward=reward, terminated=terminated, truncated=truncated, env_index=env_index,
                                  rb_single_space=space)
@@ -304,11 +307,10 @@ class ReplayBufferCollectionWrapper(
             if K != B:
                 raise ValueError(f"per_env mode needs exactly one replay buffer per env slot: {K} buffers for batch_size "
                                  f"{B}")
-        if self._builder is None or isinstance(self._builder, DataTransformation):
-            for rb in buffers:
-                self._check_keys(rb.single_space, mode)
 
     def _check_keys(self, space: Space, mode: str) -> None:
+        """KeyError for a key of the buffer's space that the default builder cannot fill (unknown, `context`
+        without a context_space, `env_index` without a batched env)."""
         if not isinstance(space, DictSpace):
             return
         unknown = [k for k in space.spaces if k not in CANONICAL_KEYS]

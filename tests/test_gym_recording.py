@@ -297,6 +297,24 @@ def test_shared_recording_of_a_batched_env_extends() -> None:
     assert got["env_index"].tolist() == [0, 1] and np.array_equal(got["obs"], obs0)
 
 
+def test_shared_batched_recording_refuses_a_segment_aware_buffer() -> None:
+    venv = _VectorCartPole(2)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space})
+    aware = ReplayBuffer.create(DictStorage, single, capacity=None, maintain_segment_metadata=True,
+                                **native_layout_kwargs(single))
+    with pytest.raises(ValueError, match="Cannot auto-resolve.*segment-aware"):
+        ReplayBufferCollectionWrapper(venv, aware)
+    with pytest.raises(ValueError, match="needs a segment-unaware replay buffer"):
+        ReplayBufferCollectionWrapper.shared(venv, aware)
+    plain = ReplayBuffer.create(DictStorage, single, capacity=None, **native_layout_kwargs(single))
+    wrapper = ReplayBufferCollectionWrapper(venv, plain)
+    assert wrapper.replay_mode == "shared"
+    with pytest.raises(ValueError, match="needs a segment-unaware replay buffer"):
+        wrapper.set_replay_buffers(aware)
+    one = FromGymnasiumEnv(gym.make("CartPole-v1"))      # an unbatched env records into it, one segment an episode
+    assert ReplayBufferCollectionWrapper(one, aware).replay_mode == "shared"
+
+
 def test_set_replay_buffers_swaps_between_episodes() -> None:
     env = FromGymnasiumEnv(gym.make("CartPole-v1"))
     space = DictSpace(NB, {"obs": env.observation_space})

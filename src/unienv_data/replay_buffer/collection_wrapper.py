@@ -4,7 +4,8 @@ Modes (`replay_mode`):
 
 * `"shared"`: one buffer. An unbatched env (or a batched one of size 1) appends one transition per step and ends
   the buffer's segment at each episode end, so every episode is one segment. A batched env of size B > 1 writes
-  the B transitions of a step with `extend` (rows of different slots interleave; no segments).
+  the B transitions of a step with `extend` (rows of different slots interleave; no segments), so it refuses a
+  segment-aware buffer (`maintain_segment_metadata=True`, or a storage listing segments), as the reference does.
 * `"per_env"`: one buffer per slot of a batched env (B > 1); slot i appends into buffer i, one segment per episode.
 * `"auto"`: `"shared"` for one buffer, `"per_env"` for B buffers and a batch size of B.
 
@@ -291,6 +292,11 @@ class ReplayBufferCollectionWrapper(
             raise ValueError(f"replay_mode must be 'auto', 'shared' or 'per_env', got {mode!r}")
         B, K = self.batch_size, len(buffers)
         if K == 1:
+            if B is not None and B > 1 and self._keeps_segments(buffers[0]):
+                raise ValueError(f"Cannot auto-resolve a replay mode for 1 buffer and batch_size {B}: the replay buffer "
+                                 "is segment-aware (it keeps episode segments), and shared mode with batch_size > 1 "
+                                 "writes interleaved slots without segments; give one buffer per env slot (per_env) or "
+                                 "a segment-unaware buffer")
             return "shared"
         if B is not None and B > 1 and K == B:
             return "per_env"
@@ -301,12 +307,22 @@ class ReplayBufferCollectionWrapper(
         B, K = self.batch_size, len(buffers)
         if mode == "shared" and K != 1:
             raise ValueError(f"shared mode records into exactly 1 replay buffer, got {K}")
+        if mode == "shared" and B is not None and B > 1 and self._keeps_segments(buffers[0]):
+            raise ValueError(f"shared mode with batch_size {B} > 1 needs a segment-unaware replay buffer (it writes the "
+                             "slots' rows interleaved, with no episode segments); this one keeps segments "
+                             "(maintain_segment_metadata=True or a storage listing segments): use per_env mode")
         if mode == "per_env":
             if B is None or B < 2:
                 raise ValueError(f"per_env mode needs a batched env with batch_size > 1, got batch_size {B}")
             if K != B:
                 raise ValueError(f"per_env mode needs exactly one replay buffer per env slot: {K} buffers for batch_size "
                                  f"{B}")
+
+    @staticmethod
+    def _keeps_segments(rb: ReplayBuffer) -> bool:
+        """Whether `rb` is segment-aware as the reference defines it: it keeps its own segment list, or its
+        storage lists segments (`get_segments()` is not None)."""
+        return bool(rb.maintain_segment_metadata) or rb.get_segments() is not None
 
     def _check_keys(self, space: Space, mode: str) -> None:
         """KeyError for a key of the buffer's space that the default builder cannot fill (unknown, `context`

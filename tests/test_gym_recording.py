@@ -421,3 +421,16 @@ def test_numpy_env_into_a_torch_buffer() -> None:
     got = rb.get_at(0)
     assert torch.equal(got["obs"], torch.from_numpy(obs0)) and got["action"].dtype == torch.int64
     assert got["reward"].item() == 1.0 and got["done"].dtype == torch.bool
+
+
+def test_unbatch_scalar_takes_a_slot_only_of_a_batched_env() -> None:
+    # the reference's helper, which code written for it calls: a batched env's slot, an unbatched env's value as is
+    one = ReplayBufferCollectionWrapper(FromGymnasiumEnv(gym.make("CartPole-v1")), ReplayBuffer.create(
+        DictStorage, DictSpace(NB, {"reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=())}), capacity=2,
+        **native_layout_kwargs(DictSpace(NB, {"reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=())}))))
+    assert one._unbatch_scalar(1.0, 0) == 1.0 and one._unbatch_scalar([4, 5], 1) == [4, 5]
+    venv = _VectorCartPole(3)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space})
+    many = ReplayBufferCollectionWrapper(venv, ReplayBuffer.create(DictStorage, single, capacity=None,
+                                                                   **native_layout_kwargs(single)))
+    assert many._unbatch_scalar(np.array([1.0, 2.0, 3.0]), 1) == 2.0

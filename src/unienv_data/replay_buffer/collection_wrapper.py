@@ -187,7 +187,13 @@ class ReplayBufferCollectionWrapper(
                      None if context is None or self.context_space is None else
                      batch_utils.get_at(self.context_space, context, i),
                      batch_utils.get_at(self.action_space, action, i), batch_utils.get_at(osp, obs, i),
-                     reward[i], terminated[i], truncated[i], env_index)
+                     self._unbatch_scalar(reward, i), self._unbatch_scalar(terminated, i),
+                     self._unbatch_scalar(truncated, i), env_index)
+
+    def _unbatch_scalar(self, value: Any, index: int) -> Any:
+        """Slot `index` of a batched env's reward / flag array; an unbatched env's value unchanged (the
+        reference's name: code written for it calls this)."""
+        return value if self.batch_size is None else value[index]
 
     def _append(self, rb: ReplayBuffer, slot: int, prev_obs: Any, context: Any, action: Any, obs: Any, reward: Any,
                 terminated: Any, truncated: Any, env_index: Optional[int]) -> None:

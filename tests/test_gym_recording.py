@@ -434,3 +434,21 @@ def test_unbatch_scalar_takes_a_slot_only_of_a_batched_env() -> None:
     many = ReplayBufferCollectionWrapper(venv, ReplayBuffer.create(DictStorage, single, capacity=None,
                                                                    **native_layout_kwargs(single)))
     assert many._unbatch_scalar(np.array([1.0, 2.0, 3.0]), 1) == 2.0
+
+
+def test_build_canonical_source_space_has_the_shapes_the_transformation_gets() -> None:
+    # the reference's helper (code written for it calls it): a batched env's spaces are not batched twice
+    venv = _VectorCartPole(3)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space, "reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=()),
+                            "env_index": BoxSpace(NB, 0, 2, np.int64, shape=())})
+    wrapper = ReplayBufferCollectionWrapper(venv, ReplayBuffer.create(DictStorage, single, capacity=None,
+                                                                      **native_layout_kwargs(single)))
+    src = wrapper._build_canonical_source_space(single, is_batched=True)
+    assert isinstance(src, DictSpace)
+    assert [src.spaces[k].shape for k in ("obs", "reward", "env_index")] == [(3, 4), (3,), (3,)]
+    env = FromGymnasiumEnv(gym.make("CartPole-v1"))
+    one = ReplayBufferCollectionWrapper(env, ReplayBuffer.create(DictStorage, single, capacity=2,
+                                                                 **native_layout_kwargs(single)))
+    with pytest.raises(KeyError, match="'env_index' key"):
+        one._build_canonical_source_space(single)
+    assert one._build_canonical_source_space(single["obs"]) is single["obs"]

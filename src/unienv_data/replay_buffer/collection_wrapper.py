@@ -222,7 +222,7 @@ class ReplayBufferCollectionWrapper(
             raw = {"obs": prev_obs, "next_obs": obs, "action": action, "context": context, "reward": reward,
                    "terminated": terminated, "truncated": truncated, "env_index": env_index}
             canonical = self._canonical(space, raw, batched, convert_env_values=False)
-            return self._builder.transform(self._canonical_space(space, batched), canonical)
+            return self._builder.transform(self._build_canonical_source_space(space, is_batched=batched), canonical)
         raw = {"obs": prev_obs, "next_obs": obs, "action": action, "context": context, "reward": reward,
                "terminated": terminated, "truncated": truncated, "env_index": env_index}
         return self._canonical(space, raw, batched, convert_env_values=True)
@@ -256,14 +256,22 @@ class ReplayBufferCollectionWrapper(
                 out[key] = self._env_value(key, v, sub, batched) if convert_env_values else v
         return out
 
-    def _canonical_space(self, space: DictSpace, batched: bool) -> DictSpace:
+    def _build_canonical_source_space(self, rb_single_space: Space, *, is_batched: bool = False) -> Space:
+        """The space of the canonical dict a `DataTransformation` builder receives for a buffer of
+        `rb_single_space` (the reference's name: code written for it calls this): env-side keys take the env's
+        spaces (already batched for a batched env, one slot's when `is_batched` is False), scalar keys the
+        buffer's, batched when `is_batched`. A space that is not a DictSpace is returned as is; KeyError for a key
+        the default builder cannot fill."""
+        if not isinstance(rb_single_space, DictSpace):
+            return rb_single_space
+        self._check_keys(rb_single_space, self._replay_mode)
         spaces: Dict[str, Space] = {}
-        for key, sub in space.spaces.items():
+        for key, sub in rb_single_space.spaces.items():
             if key in _SCALAR_KEYS:
-                spaces[key] = batch_utils.batch_space(sub, self.batch_size) if batched and self.batch_size else sub
+                spaces[key] = batch_utils.batch_space(sub, self.batch_size) if is_batched and self.batch_size else sub
             else:
-                spaces[key] = self._env_space(key, batched)
-        return DictSpace(space.backend, spaces)
+                spaces[key] = self._env_space(key, is_batched)
+        return DictSpace(rb_single_space.backend, spaces)
 
     @staticmethod
     def _done_numpy(terminated: Any, truncated: Any) -> np.ndarray:

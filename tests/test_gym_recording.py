@@ -148,8 +148,11 @@ def test_buffer_without_dict_space_records_next_obs() -> None:
     env = FromGymnasiumEnv(gym.make("CartPole-v1"))
     buffer = ReplayBuffer.create(DictStorage, DictSpace(NB, {"x": env.observation_space}), capacity=4,
                                  **native_layout_kwargs(DictSpace(NB, {"x": env.observation_space})))
+    unchecked = ReplayBufferCollectionWrapper(env, buffer)     # keys are checked at step, as the reference does
+    unchecked.reset(seed=0)
     with pytest.raises(KeyError, match=r"key\(s\) \['x'\] that the default transition builder cannot fill"):
-        ReplayBufferCollectionWrapper(env, buffer)
+        unchecked.step(np.int64(1))
+    assert len(buffer) == 0
     wrapper = ReplayBufferCollectionWrapper(
         env, buffer, transition_builder=lambda **kw: {"x": kw["next_obs"]}, validate_transition=True)
     _, obs0, _ = wrapper.reset(seed=0)
@@ -168,8 +171,11 @@ def test_refusals() -> None:
     for key in ("context", "env_index"):
         sp = DictSpace(NB, {"obs": env.observation_space, key: BoxSpace(NB, 0, 9, np.int64, shape=())})
         other = ReplayBuffer.create(DictStorage, sp, capacity=4, **native_layout_kwargs(sp))
+        keyed = ReplayBufferCollectionWrapper(env, other)        # builds: the key is refused at step
+        keyed.reset(seed=0)
         with pytest.raises(KeyError, match=f"'{key}' key"):
-            ReplayBufferCollectionWrapper(env, other)
+            keyed.step(np.int64(0))
+        assert len(other) == 0
     wrapper = ReplayBufferCollectionWrapper(env, buffer)
     with pytest.raises(RuntimeError, match=r"step\(\) before reset\(\)"):
         wrapper.step(np.int64(0))
@@ -291,6 +297,24 @@ def test_shared_recording_of_a_batched_env_extends() -> None:
     assert got["env_index"].tolist() == [0, 1] and np.array_equal(got["obs"], obs0)
 
 
+def test_shared_batched_recording_refuses_a_segment_aware_buffer() -> None:
+    venv = _VectorCartPole(2)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space})
+    aware = ReplayBuffer.create(DictStorage, single, capacity=None, maintain_segment_metadata=True,
+                                **native_layout_kwargs(single))
+    with pytest.raises(ValueError, match="Cannot auto-resolve.*segment-aware"):
+        ReplayBufferCollectionWrapper(venv, aware)
+    with pytest.raises(ValueError, match="needs a segment-unaware replay buffer"):
+        ReplayBufferCollectionWrapper.shared(venv, aware)
+    plain = ReplayBuffer.create(DictStorage, single, capacity=None, **native_layout_kwargs(single))
+    wrapper = ReplayBufferCollectionWrapper(venv, plain)
+    assert wrapper.replay_mode == "shared"
+    with pytest.raises(ValueError, match="needs a segment-unaware replay buffer"):
+        wrapper.set_replay_buffers(aware)
+    one = FromGymnasiumEnv(gym.make("CartPole-v1"))      # an unbatched env records into it, one segment an episode
+    assert ReplayBufferCollectionWrapper(one, aware).replay_mode == "shared"
+
+
 def test_set_replay_buffers_swaps_between_episodes() -> None:
     env = FromGymnasiumEnv(gym.make("CartPole-v1"))
     space = DictSpace(NB, {"obs": env.observation_space})
@@ -397,3 +421,34 @@ def test_numpy_env_into_a_torch_buffer() -> None:
     got = rb.get_at(0)
     assert torch.equal(got["obs"], torch.from_numpy(obs0)) and got["action"].dtype == torch.int64
     assert got["reward"].item() == 1.0 and got["done"].dtype == torch.bool
+
+
+def test_unbatch_scalar_takes_a_slot_only_of_a_batched_env() -> None:
+    # the reference's helper, which code written for it calls: a batched env's slot, an unbatched env's value as is
+    one = ReplayBufferCollectionWrapper(FromGymnasiumEnv(gym.make("CartPole-v1")), ReplayBuffer.create(
+        DictStorage, DictSpace(NB, {"reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=())}), capacity=2,
+        **native_layout_kwargs(DictSpace(NB, {"reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=())}))))
+    assert one._unbatch_scalar(1.0, 0) == 1.0 and one._unbatch_scalar([4, 5], 1) == [4, 5]
+    venv = _VectorCartPole(3)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space})
+    many = ReplayBufferCollectionWrapper(venv, ReplayBuffer.create(DictStorage, single, capacity=None,
+                                                                   **native_layout_kwargs(single)))
+    assert many._unbatch_scalar(np.array([1.0, 2.0, 3.0]), 1) == 2.0
+
+
+def test_build_canonical_source_space_has_the_shapes_the_transformation_gets() -> None:
+    # the reference's helper (code written for it calls it): a batched env's spaces are not batched twice
+    venv = _VectorCartPole(3)
+    single = DictSpace(NB, {"obs": venv.envs[0].observation_space, "reward": BoxSpace(NB, 0.0, 1.0, np.float32, shape=()),
+                            "env_index": BoxSpace(NB, 0, 2, np.int64, shape=())})
+    wrapper = ReplayBufferCollectionWrapper(venv, ReplayBuffer.create(DictStorage, single, capacity=None,
+                                                                      **native_layout_kwargs(single)))
+    src = wrapper._build_canonical_source_space(single, is_batched=True)
+    assert isinstance(src, DictSpace)
+    assert [src.spaces[k].shape for k in ("obs", "reward", "env_index")] == [(3, 4), (3,), (3,)]
+    env = FromGymnasiumEnv(gym.make("CartPole-v1"))
+    one = ReplayBufferCollectionWrapper(env, ReplayBuffer.create(DictStorage, single, capacity=2,
+                                                                 **native_layout_kwargs(single)))
+    with pytest.raises(KeyError, match="'env_index' key"):
+        one._build_canonical_source_space(single)
+    assert one._build_canonical_source_space(single["obs"]) is single["obs"]

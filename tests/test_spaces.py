@@ -1127,3 +1127,22 @@ def test_a_huge_stored_shape_is_refused_before_any_allocation() -> None:
         su.json_to_space(js, NB)
     js["shape"] = [2160, 3840, 3]                     # a 4K RGB frame still loads
     assert su.json_to_space(js, NB).shape == (2160, 3840, 3)
+
+
+def test_box_contains_accepts_dtypes_that_cast_without_loss() -> None:
+    box = BoxSpace(NB, 0.0, 1.0, np.float32, shape=(2,))
+    assert box.contains(np.array([True, False]))              # a bool array in a float32 box, as the reference
+    assert box.contains(np.array([1, 0], np.uint8)) and box.contains(np.array([0.5, 1.0], np.float16))
+    for lossy in (np.float64, np.int32, np.int64):              # values these hold may not survive float32
+        assert not box.contains(np.zeros(2, lossy))
+    assert not box.contains(np.array([2, 0], np.uint8))         # the bounds still apply
+    assert not box.contains(np.zeros(2, np.complex64)) and not box.contains(np.array(["a", "b"]))
+    ints = BoxSpace(NB, -5, 5, np.int64, shape=())
+    assert ints.contains(np.int32(3)) and ints.contains(np.array(True)) and not ints.contains(np.float32(1.0))
+    assert not ints.contains(np.uint64(1))                      # uint64 does not fit int64
+    torch = pytest.importorskip("torch")
+    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
+    tbox = BoxSpace(TB, -2.0, 2.0, torch.float32, shape=(2,))
+    assert tbox.contains(torch.tensor([1.5, -2.0], dtype=torch.bfloat16)) and tbox.contains(torch.ones(2, dtype=torch.bool))
+    assert not tbox.contains(torch.tensor([3.0, 0.0], dtype=torch.bfloat16))
+    assert not tbox.contains(torch.zeros(2, dtype=torch.float64)) and not tbox.contains(torch.zeros(2, dtype=torch.int64))

@@ -4,16 +4,17 @@ Modes (`replay_mode`):
 
 * `"shared"`: one buffer. An unbatched env (or a batched one of size 1) appends one transition per step and ends
   the buffer's segment at each episode end, so every episode is one segment. A batched env of size B > 1 writes
-  the B transitions of a step with `extend` (rows of different slots interleave; no segments).
+  the B transitions of a step with `extend` (rows of different slots interleave; no segments), so it refuses a
+  segment-aware buffer (`maintain_segment_metadata=True`, or a storage listing segments), as the reference does.
 * `"per_env"`: one buffer per slot of a batched env (B > 1); slot i appends into buffer i, one segment per episode.
 * `"auto"`: `"shared"` for one buffer, `"per_env"` for B buffers and a batch size of B.
 
 What is recorded: the default builder fills the keys of the buffer's `DictSpace` among `obs` (the observation the
 action was taken in), `next_obs`, `action`, `reward`, `terminated`, `truncated`, `done` (terminated or truncated),
-`context` and `env_index`; any other key is a KeyError when the wrapper is built. A buffer whose space is not a
-DictSpace records `next_obs` only. `transition_builder` replaces the default: a callable receiving the keyword
-arguments `cached_obs, cached_context, action, next_obs, reward, terminated, truncated, env_index,
-rb_single_space`, or a `DataTransformation` applied to the canonical dict.
+`context` and `env_index`; any other key is a KeyError when a transition is built (at `step`, as the
+reference). A buffer whose space is not a DictSpace records `next_obs` only. `transition_builder` replaces the
+default: a callable receiving the keyword arguments `cached_obs, cached_context, action, next_obs, reward,
+terminated, truncated, env_index, rb_single_space`, or a `DataTransformation` applied to the canonical dict.
 
 Scalars (reward, flags, env_index) are converted to the dtype of their key's space, refusing values that dtype
 cannot hold (a fraction into an integer, 2 into a boolean). Observations are recorded as they come, outside their
@@ -186,7 +187,13 @@ class ReplayBufferCollectionWrapper(
                      None if context is None or self.context_space is None else
                      batch_utils.get_at(self.context_space, context, i),
                      batch_utils.get_at(self.action_space, action, i), batch_utils.get_at(osp, obs, i),
-                     reward[i], terminated[i], truncated[i], env_index)
+                     self._unbatch_scalar(reward, i), self._unbatch_scalar(terminated, i),
+                     self._unbatch_scalar(truncated, i), env_index)
+
+    def _unbatch_scalar(self, value: Any, index: int) -> Any:
+        """Slot `index` of a batched env's reward / flag array; an unbatched env's value unchanged (the
+        reference's name: code written for it calls this)."""
+        return value if self.batch_size is None else value[index]
 
     def _append(self, rb: ReplayBuffer, slot: int, prev_obs: Any, context: Any, action: Any, obs: Any, reward: Any,
                 terminated: Any, truncated: Any, env_index: Optional[int]) -> None:
@@ -202,7 +209,10 @@ class ReplayBufferCollectionWrapper(
     def _build(self, prev_obs: Any, context: Any, action: Any, obs: Any, reward: Any, terminated: Any,
                truncated: Any, env_index: Any, rb: ReplayBuffer, *, batched: bool) -> Any:
         space = rb.single_space
-        if self._builder is not None and not isinstance(self._builder, DataTransformation):
+        if self._builder is None or isinstance(self._builder, DataTransformation):
+            # checked here, when a transition is built (as the reference does), not when the wrapper is built
+            self._check_keys(space, self._replay_mode)
+        else:
             return self._builder(cached_obs=prev_obs, cached_context=context, action=action, next_obs=obs,
                                  reward=reward, terminated=terminated, truncated=truncated, env_index=env_index,
                                  rb_single_space=space)
@@ -212,7 +222,7 @@ class ReplayBufferCollectionWrapper(
             raw = {"obs": prev_obs, "next_obs": obs, "action": action, "context": context, "reward": reward,
                    "terminated": terminated, "truncated": truncated, "env_index": env_index}
             canonical = self._canonical(space, raw, batched, convert_env_values=False)
-            return self._builder.transform(self._canonical_space(space, batched), canonical)
+            return self._builder.transform(self._build_canonical_source_space(space, is_batched=batched), canonical)
         raw = {"obs": prev_obs, "next_obs": obs, "action": action, "context": context, "reward": reward,
                "terminated": terminated, "truncated": truncated, "env_index": env_index}
         return self._canonical(space, raw, batched, convert_env_values=True)
@@ -246,14 +256,22 @@ class ReplayBufferCollectionWrapper(
                 out[key] = self._env_value(key, v, sub, batched) if convert_env_values else v
         return out
 
-    def _canonical_space(self, space: DictSpace, batched: bool) -> DictSpace:
+    def _build_canonical_source_space(self, rb_single_space: Space, *, is_batched: bool = False) -> Space:
+        """The space of the canonical dict a `DataTransformation` builder receives for a buffer of
+        `rb_single_space` (the reference's name: code written for it calls this): env-side keys take the env's
+        spaces (already batched for a batched env, one slot's when `is_batched` is False), scalar keys the
+        buffer's, batched when `is_batched`. A space that is not a DictSpace is returned as is; KeyError for a key
+        the default builder cannot fill."""
+        if not isinstance(rb_single_space, DictSpace):
+            return rb_single_space
+        self._check_keys(rb_single_space, self._replay_mode)
         spaces: Dict[str, Space] = {}
-        for key, sub in space.spaces.items():
+        for key, sub in rb_single_space.spaces.items():
             if key in _SCALAR_KEYS:
-                spaces[key] = batch_utils.batch_space(sub, self.batch_size) if batched and self.batch_size else sub
+                spaces[key] = batch_utils.batch_space(sub, self.batch_size) if is_batched and self.batch_size else sub
             else:
-                spaces[key] = self._env_space(key, batched)
-        return DictSpace(space.backend, spaces)
+                spaces[key] = self._env_space(key, is_batched)
+        return DictSpace(rb_single_space.backend, spaces)
 
     @staticmethod
     def _done_numpy(terminated: Any, truncated: Any) -> np.ndarray:
@@ -288,6 +306,11 @@ class ReplayBufferCollectionWrapper(
             raise ValueError(f"replay_mode must be 'auto', 'shared' or 'per_env', got {mode!r}")
         B, K = self.batch_size, len(buffers)
         if K == 1:
+            if B is not None and B > 1 and self._keeps_segments(buffers[0]):
+                raise ValueError(f"Cannot auto-resolve a replay mode for 1 buffer and batch_size {B}: the replay buffer "
+                                 "is segment-aware (it keeps episode segments), and shared mode with batch_size > 1 "
+                                 "writes interleaved slots without segments; give one buffer per env slot (per_env) or "
+                                 "a segment-unaware buffer")
             return "shared"
         if B is not None and B > 1 and K == B:
             return "per_env"
@@ -298,17 +321,26 @@ class ReplayBufferCollectionWrapper(
         B, K = self.batch_size, len(buffers)
         if mode == "shared" and K != 1:
             raise ValueError(f"shared mode records into exactly 1 replay buffer, got {K}")
+        if mode == "shared" and B is not None and B > 1 and self._keeps_segments(buffers[0]):
+            raise ValueError(f"shared mode with batch_size {B} > 1 needs a segment-unaware replay buffer (it writes the "
+                             "slots' rows interleaved, with no episode segments); this one keeps segments "
+                             "(maintain_segment_metadata=True or a storage listing segments): use per_env mode")
         if mode == "per_env":
             if B is None or B < 2:
                 raise ValueError(f"per_env mode needs a batched env with batch_size > 1, got batch_size {B}")
             if K != B:
                 raise ValueError(f"per_env mode needs exactly one replay buffer per env slot: {K} buffers for batch_size "
                                  f"{B}")
-        if self._builder is None or isinstance(self._builder, DataTransformation):
-            for rb in buffers:
-                self._check_keys(rb.single_space, mode)
+
+    @staticmethod
+    def _keeps_segments(rb: ReplayBuffer) -> bool:
+        """Whether `rb` is segment-aware as the reference defines it: it keeps its own segment list, or its
+        storage lists segments (`get_segments()` is not None)."""
+        return bool(rb.maintain_segment_metadata) or rb.get_segments() is not None
 
     def _check_keys(self, space: Space, mode: str) -> None:
+        """KeyError for a key of the buffer's space that the default builder cannot fill (unknown, `context`
+        without a context_space, `env_index` without a batched env)."""
         if not isinstance(space, DictSpace):
             return
         unknown = [k for k in space.spaces if k not in CANONICAL_KEYS]

@@ -6,9 +6,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from unienv_interface.space import BoxSpace, Space
+from unienv_interface.space.dtype_facts import FLOAT_MANTISSA, INT_NAMES, dtype_kind, int_range, is_lossless
 
-from ._arrays import (FLOAT_MANTISSA, INT_NAMES, _first_false, all_true, check_bounds, coerce, dtype_kind, dtype_name,
-                      int_range, is_lossless, require_box)
+from ._arrays import _first_false, all_true, check_bounds, coerce, dtype_name, require_box
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 

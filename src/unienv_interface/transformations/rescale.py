@@ -6,8 +6,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from unienv_interface.space import BoxSpace, Space
+from unienv_interface.space.dtype_facts import dtype_kind
 
-from ._arrays import (check_bounds, coerce, dtype_kind, dtype_name, params_array, params_to_json, require_box)
+from ._arrays import check_bounds, coerce, dtype_name, params_array, params_to_json, require_box
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 

@@ -12,7 +12,8 @@ A transformation is a small, stateless-looking object (its parameters are plain 
   also importable from `serialization_utils`) add and resolve the registered type name. A name read from a file is looked up in a registry, never imported.
 
 Subclasses implement `get_target_space_from_source`, `transform`, `to_json` and `from_json` (and `direct_inverse`
-when `has_inverse`). Two transformations are equal when they have the same type and the same JSON parameters.
+when `has_inverse`). A subclass written for the reference, which implements `serialize` (the parameters, without
+the type name) and `deserialize_from` instead, works too: the default `to_json` / `from_json` call them. Two transformations are equal when they have the same type and the same JSON parameters.
 """
 from __future__ import annotations
 
@@ -54,14 +55,34 @@ class DataTransformation(ABC):
         return self.direct_inverse(source_space)
 
     # ------------------------------------------------------------------ JSON
-    @abstractmethod
     def to_json(self) -> Dict[str, Any]:
-        """The parameters as a JSON-compatible dict (without the type name, which the registry adds)."""
+        """The parameters as a JSON-compatible dict (without the type name, which the registry adds).
+
+        The default serves a subclass written for the reference, which implements `serialize` instead: its
+        output (a `type` key dropped). NotImplementedError when the subclass implements neither."""
+        cls = type(self)
+        if not _overrides(cls, "serialize") or id(self) in _serializing():
+            raise NotImplementedError(f"{cls.__name__} implements neither to_json nor serialize: implement one to "
+                                      "save or compare it")
+        _serializing().add(id(self))
+        try:
+            params = self.serialize()
+        finally:
+            _serializing().discard(id(self))
+        if not isinstance(params, Mapping):
+            raise TypeError(f"{cls.__name__}.serialize() must return a dict, got {type(params).__name__}")
+        return {k: v for k, v in params.items() if k != "type"}
 
     @classmethod
-    @abstractmethod
     def from_json(cls, params: Mapping[str, Any]) -> "DataTransformation":
-        """Rebuilds a transformation from `to_json()` output; ValueError / TypeError for invalid parameters."""
+        """Rebuilds a transformation from `to_json()` output; ValueError / TypeError for invalid parameters.
+
+        The default serves a subclass written for the reference, which implements `deserialize_from` instead
+        (called with the parameters). NotImplementedError when the subclass implements neither."""
+        if not _overrides(cls, "deserialize_from"):
+            raise NotImplementedError(f"{cls.__name__} implements neither from_json nor deserialize_from: implement "
+                                      "one to load it")
+        return cls.deserialize_from(dict(params))
 
     def serialize(self) -> Dict[str, Any]:
         """`{"type": <registered name>, **parameters}` (see `transformation_to_json`)."""
@@ -86,7 +107,8 @@ class DataTransformation(ABC):
             return False
         try:
             return self.to_json() == other.to_json()  # type: ignore[attr-defined]
-        except (TypeError, ValueError):  # e.g. a member that cannot be serialized: only identity is known
+        except (TypeError, ValueError, NotImplementedError):  # e.g. a member that cannot be serialized: only
+            # identity is known
             return False
 
     __hash__ = None  # type: ignore[assignment]
@@ -94,7 +116,7 @@ class DataTransformation(ABC):
     def __repr__(self) -> str:
         try:
             params = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items())
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, NotImplementedError):
             params = "..."
         return f"{type(self).__name__}({params})"
 
@@ -119,6 +141,21 @@ _REGISTRY: ClassRegistry[DataTransformation] = ClassRegistry(
     "transformation", _BUILTIN, TransformationFormatError,
     "plugins must call unienv_interface.transformations.register_transformation", base=DataTransformation)
 _STATE = threading.local()
+
+
+def _overrides(cls: type, name: str) -> bool:
+    """Whether `cls` takes `name` from a subclass of DataTransformation rather than from DataTransformation."""
+    owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+    return owner is not None and owner is not DataTransformation
+
+
+def _serializing() -> set:
+    """The ids of the transformations whose `serialize` the default `to_json` is running in this thread (a
+    `serialize` that calls back into `to_json` is refused instead of recursing)."""
+    ids = getattr(_STATE, "serializing", None)
+    if ids is None:
+        ids = _STATE.serializing = set()
+    return ids
 
 
 def transformation_type_name(cls: Type[DataTransformation]) -> str:

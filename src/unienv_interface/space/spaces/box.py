@@ -7,6 +7,7 @@ import numpy as np
 
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 
+from ..dtype_facts import is_lossless
 from ..metadata import SpaceMetadata
 from ..space import Space, array_data_to, check_backend
 from ._array import ArraySpaceMixin
@@ -196,13 +197,28 @@ class BoxSpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGT
         raise ValueError(f"manner must be 'both', 'below' or 'above', got {manner!r}")
 
     def contains(self, x: Any) -> bool:
+        """True for an array of this backend with the box's shape, a dtype that casts to the box's without loss
+        (the same dtype, or e.g. bool / uint8 in float32, as the reference accepts), and values within the
+        bounds. A query only: storages apply their own conversion rules when writing."""
         b = self._backend
         if isinstance(x, np.generic) and b.simplified_name == "numpy":
             x = np.asarray(x)
-        if not b.is_backendarray(x) or tuple(x.shape) != self.shape or x.dtype != self._dtype:
+        if not b.is_backendarray(x) or tuple(x.shape) != self.shape:
             return False
+        dst = b.dtype_name(self._dtype)
+        if x.dtype == self._dtype:
+            src = dst
+        else:
+            # another dtype is a member only when every value of it survives the cast to the box's dtype (a bool
+            # or uint8 array in a float32 box), as the reference's `can_cast`; float64 in a float32 box is not
+            try:
+                src = b.dtype_name(x.dtype)
+            except ValueError:          # complex, strings, ...
+                return False
+            if not is_lossless(src, dst):
+                return False
         a = b.to_numpy(x)
-        if b.dtype_name(self._dtype) == "bfloat16":  # raw bits (torch) or ml_dtypes' bfloat16 values (JAX)
+        if src == "bfloat16":  # raw bits (torch) or ml_dtypes' bfloat16 values (JAX)
             a = (a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a.astype(np.float32)
         with np.errstate(invalid="ignore"):
             return bool(np.all(a >= self._low_np) and np.all(a <= self._high_np))

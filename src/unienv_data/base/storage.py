@@ -84,6 +84,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        legacy = cls.__dict__.get("_segments_dropped")
+        if callable(legacy) and "on_segments_dropped" not in cls.__dict__:
+            cls.on_segments_dropped = legacy  # type: ignore[method-assign]  # the hook's former, private name
         raw = cls.__dict__.get("create")
         if isinstance(raw, classmethod) and raw.__func__ not in _WRAPPED_BY_BASE:
             cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
@@ -199,9 +202,26 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             if n:
                 self.shrink_length(n)
 
+    def flush(self) -> None:
+        """Hook: makes what is committed (rows, length, segment list) durable in the storage's own files
+        (`cache_filename`), so that `load_from(cache_filename, ...)` reopens it. Called by `persist_committed()`
+        (commit points, `bulk()`), by owners, and by the default `close()` on a writable storage. Default: nothing
+        (an in-memory storage). A file-backed storage that keeps its length or segment list in a metadata file
+        MUST override it (or override `close()` to write that file), else a storage closed without `dumps` reopens
+        with what was last written; `StorageConformance.test_close_persists_without_dumps` checks it."""
+
     def close(self) -> None:
-        """Releases files and memory; later use raises StorageClosedError. Idempotent."""
-        self._closed = True
+        """Persists and releases: a writable storage runs `flush()` first (the commit), then the storage is marked
+        closed and `_release()` frees what it owns; later use raises StorageClosedError. Idempotent. A storage
+        that overrides it must still persist what `flush()` would (file-backed storages: see `flush`)."""
+        if self._closed:
+            return
+        try:
+            if self.is_mutable:
+                self.flush()
+        finally:
+            self._closed = True
+            self._release()
 
     def __del__(self) -> None:
         try:
@@ -211,7 +231,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             pass
 
     def _release(self) -> None:
-        """What garbage collection frees (default: nothing). Never closes storages owned elsewhere."""
+        """Hook: frees what this object owns (a temporary directory, shared memory); called by the default `close()`
+        and by garbage collection of a storage never closed. Default: nothing. It must free only what *this* object
+        owns: a pickled copy (a worker's) must not free the original's resources (clear the ownership flag in
+        `__getstate__` / `__setstate__`), and it never closes storages owned elsewhere."""
 
     def __enter__(self) -> "SpaceStorage":
         return self
@@ -257,12 +280,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             self.persist_committed()
 
     def persist_committed(self) -> None:
-        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage is open and
         writable: leaf storages write their own small metadata; composite storages forward segment ends to their
         children, which persist themselves)."""
-        flush = getattr(self, "flush", None)
-        if flush is not None and not self._closed and self.is_mutable:
-            flush()
+        if not self._closed and self.is_mutable:
+            self.flush()
 
     # ------------------------------------------------------------------ guards
     def _check_open(self) -> None:
@@ -370,7 +392,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         segment); returns how many rows from `pos` on are free.
 
         The run left after the cut is the *eaten* run (`SegmentLog.eaten`): the next append cuts it again. It is
-        left out of what is persisted until the open segment ends, so the files are rewritten (`_segments_dropped`)
+        left out of what is persisted until the open segment ends, so the files are rewritten (`on_segments_dropped`)
         once per run the segment starts eating, not once per row."""
         log = self.segment_log()
         if log is None or not len(log):
@@ -383,7 +405,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             rest = subtract_run(hit, (pos, 1), self.capacity)
             log.eaten = rest[-1] if rest else None    # the part after `pos`, which the next appends overwrite
             if hit != eaten:
-                self._segments_dropped()
+                self.on_segments_dropped()
         cap = self.capacity
         best = 1 << 62
         for s, _n in log.runs():
@@ -443,7 +465,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             log.drop_overlapping(int(start), int(length))
             self._seg_clear_rows = 0
             if log.version != before:
-                self._segments_dropped()
+                self.on_segments_dropped()
 
     #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s commit log):
     #: called with this storage instead of rewriting its own metadata when segments are dropped
@@ -459,10 +481,18 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Takes the committed length and segments an owner's commit log holds (see `commit_log_leaf`)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state in an owner's commit log")
 
+    def on_segments_dropped(self) -> None:
+        """Hook (called by `SpaceStorage` when an append-built segment or a segment writer's `commit` starts
+        overwriting rows of recorded segments, and by `forget_segments`): the segments were dropped from
+        `segment_log()` and their rows are about to be overwritten, BEFORE those rows are written. Default: nothing.
+        A storage whose files hold its segment list (`has_persistent_segments()`) persists the shorter list here
+        (typically its `flush()`, when open and writable), so a crash never leaves metadata listing a segment whose
+        rows hold other data; `StorageConformance.test_dropped_segments_persisted_before_overwrite` checks it.
+        (Formerly the private `_segments_dropped`; a subclass overriding that name still works.)"""
+
     def _segments_dropped(self) -> None:
-        """Called after recorded segments were dropped because their rows are about to be overwritten and
-        BEFORE those rows are written: file-backed storages persist the shorter list here, so a crash never
-        leaves metadata that lists a segment whose rows hold other data."""
+        """The former, private name of `on_segments_dropped` (the default, nothing), kept so that a storage written
+        against it (overriding it and calling ``super()._segments_dropped()``) still works."""
 
     def has_persistent_segments(self) -> bool:
         """Hook (asked by owners: `ReplayBuffer`, `DictStorage`, the Ray readers): whether this storage persists its

@@ -299,7 +299,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         if not self._read_only and self._dirty:
             self.write_metadata()
 
-    def _segments_dropped(self) -> None:
+    def on_segments_dropped(self) -> None:
         # an image replaces its row's file as soon as it is written: the segments it overwrites leave the metadata
         # first, so a crash never leaves a listed episode holding a frame of another
         if not self._read_only and not self._closed:

@@ -287,14 +287,21 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             self.flush()
 
     # ------------------------------------------------------------------ guards
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raises `StorageClosedError` (naming the storage, saying to reopen it) when the storage is closed; every
+        read, `dumps` and `flush` starts with it (writes go through `check_writable`, which calls it). Storages
+        call it and keep it."""
         if self._closed:
             raise closed_error(self)
+
+    def _check_open(self) -> None:
+        """`check_open()` (the name the built-in storages call)."""
+        self.check_open()
 
     def check_writable(self) -> None:
         """Raises `StorageClosedError` for a closed storage and `ReadOnlyStorageError` for a read-only one; every
         write starts with it (segment writers and owners call it too). Storages keep the default."""
-        self._check_open()
+        self.check_open()
         if not self.is_mutable:
             raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
                                        "load_from's default); to continue recording, reopen it writable: "
@@ -447,14 +454,19 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             log.eaten = None
             log.version += 1        # the run it was eating is persisted again at the next save
 
-    def _shrunk_to(self, length: int) -> None:
-        """Call after a growable storage shrank to `length` rows: forgets the recorded segments reaching past it and
-        aborts an open append-built segment that did (a hook for storages written outside this package)."""
+    def after_shrink(self, length: int) -> None:
+        """A growable storage calls it after it shrank to `length` rows (in `shrink_length`, `clear`): forgets the
+        recorded segments reaching past the new end and aborts an open append-built segment that did. A storage
+        keeps the default. (Formerly the private `_shrunk_to`, still accepted.)"""
         log = self.segment_log()
         if log is not None:
             log.truncate(length)
         if self._seg_start is not None and self._seg_start + self._seg_len > length:
             self.abort_segment()
+
+    def _shrunk_to(self, length: int) -> None:
+        """The former, private name of `after_shrink`."""
+        self.after_shrink(length)
 
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the
@@ -648,7 +660,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 #: `_dropping_cross_options`): a class that reuses one is not wrapped twice
 _WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
 def closed_error(storage: SpaceStorage) -> StorageClosedError:
-    """The error using a closed storage raises (see `SpaceStorage._check_open`), naming the storage's type."""
+    """The error using a closed storage raises (see `SpaceStorage.check_open`), naming the storage's type."""
     return StorageClosedError(f"{type(storage).__name__} is closed; reopen it with load_from()")
 @contextlib.contextmanager
 def suspended_durability(owner: _Owner, still_open: Callable[[], bool], persist: Callable[[], None]) -> Iterator[_Owner]:

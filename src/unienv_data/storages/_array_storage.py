@@ -467,7 +467,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._length = new_length
         self._meta_dirty = True
         self._block.data[new_length:] = 0
-        self._shrunk_to(new_length)
+        self.after_shrink(new_length)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""

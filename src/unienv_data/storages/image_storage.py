@@ -330,7 +330,7 @@ class ImageStorage(FileRowStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
 
     def _drop_rows(self, new_len: int) -> None:
         """Removes rows from `new_len` on and their files (the metadata first)."""
-        self._shrunk_to(new_len)
+        self.after_shrink(new_len)
         gone = np.flatnonzero(self._written[new_len:]) + new_len
         self._written = self._written[:new_len].copy()
         self._length = new_len

@@ -199,3 +199,37 @@ def test_kit_names_on_segments_dropped_when_drops_are_not_persisted(tmp_path: An
 def test_the_former_private_drop_hook_is_still_called(tmp_path: Any) -> None:
     _run(_kit_for(_LegacyDropHook), "test_dropped_segments_persisted_before_overwrite", tmp_path)
     assert _LegacyDropHook.calls >= 1
+
+
+class _ChecksItsDirectory(RowFilesStorage):
+    """A plugin `create` that checks its directory itself, taking `overwrite` (as the author's did)."""
+
+    @classmethod
+    def create(cls, space: Any, *args: Any, capacity: Optional[int] = None, cache_path: Any = None,
+               overwrite: bool = False, **kwargs: Any) -> "RowFilesStorage":
+        if cache_path is not None and os.path.isdir(cache_path) and os.listdir(cache_path):
+            if not overwrite:
+                raise FileExistsError(f"{cache_path} already holds files; pass overwrite=True")
+            for name in os.listdir(cache_path):
+                os.remove(os.path.join(cache_path, name))
+        return RowFilesStorage.create.__func__(cls, space, *args, capacity=capacity,  # type: ignore[attr-defined]
+                                               cache_path=cache_path, **kwargs)
+
+
+def test_replay_buffer_overwrite_reaches_a_plugin_create(tmp_path: Any) -> None:
+    from unienv_data.replay_buffer import ReplayBuffer
+    for _ in range(2):      # the second create replaces what the first wrote, plugin files included
+        with ReplayBuffer.create(_ChecksItsDirectory, _space(), cache_path=tmp_path / "rb", capacity=None,
+                                 overwrite=True) as rb:
+            rb.append(np.zeros(2, np.float32))
+            rb.mark_segment_end()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ReplayBuffer.create(_ChecksItsDirectory, _space(), cache_path=tmp_path / "rb", capacity=None)
+    with pytest.raises(FileExistsError):
+        _ChecksItsDirectory.create(_space(), capacity=None, cache_path=tmp_path / "rb" / "storage")
+
+
+def test_the_create_helpers_are_public() -> None:
+    from unienv_data.base import refuse_existing_dataset, replacing_allowed
+    assert not replacing_allowed()
+    assert callable(refuse_existing_dataset)

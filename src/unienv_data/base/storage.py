@@ -18,7 +18,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
-from .files import PathLike, creating_dataset
+from .files import PathLike, creating_dataset, replacing_allowed
 from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
 from .ring import runs_overlap, subtract_run
@@ -695,11 +695,18 @@ def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
     """`create` taking one more keyword, `overwrite=False`: a `cache_path` that already holds data is refused
     (FileExistsError naming it and what to do) unless `overwrite=True`. Storages a composite storage or a replay
     buffer creates inside its own (checked) directory are not checked again. Applied to every storage class's
-    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently."""
+    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently. A `create` that
+    names an `overwrite` parameter itself gets True when what is at `cache_path` may be replaced: the caller
+    passed `overwrite=True`, or an owner (a replay buffer or composite storage created with its own check) is
+    creating it inside its directory."""
+    takes_overwrite = "overwrite" in inspect.signature(create).parameters
+
     @functools.wraps(create)
     def checked(cls: Any, *args: Any, overwrite: bool = False, **kwargs: Any) -> Any:
         path = kwargs.get("cache_path")
         opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
+        if takes_overwrite:
+            kwargs["overwrite"] = overwrite or replacing_allowed()
         with creating_dataset(path, overwrite, cls.__name__, opener):
             return create(cls, *args, **kwargs)
     _WRAPPED_BY_BASE.add(checked)

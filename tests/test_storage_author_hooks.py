@@ -233,3 +233,10 @@ def test_the_create_helpers_are_public() -> None:
     from unienv_data.base import refuse_existing_dataset, replacing_allowed
     assert not replacing_allowed()
     assert callable(refuse_existing_dataset)
+
+
+def test_kit_says_what_to_implement_for_shared_rows(tmp_path: Any) -> None:
+    kit = _kit_for(RowFilesStorage)
+    kit.shares_rows_when_pickled = True
+    with pytest.raises(AssertionError, match="overrides the `is_multiprocessing_safe` property"):
+        _run(kit, "test_pickled_copy_shares_rows", tmp_path)

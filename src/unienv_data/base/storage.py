@@ -73,7 +73,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     * writes: `check_writable()`, `check_value(value, count)`, and the segment writers' three
       `prepare_element(value)` / `stack_prepared(items)` / `set_prepared(index, batch)`;
     * shared growth (multiprocessing buffers): `follows_shared_growth`, `follow_length(length, written)`;
-    * error messages: `set_value_label(label)`.
+    * error messages: `set_value_label(label)`;
+    * files and state: `flush()` (the default `close()` runs it: a file-backed storage implements it),
+      `on_segments_dropped()`, `cache_filename`, `is_mutable`, `is_multiprocessing_safe`, `_release()`;
+    * what a storage calls and keeps: `check_open()` (reads), `check_writable()` (writes), `after_shrink(length)`
+      (after a growable storage shrank).
     """
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
@@ -129,15 +133,23 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     @property
     def cache_filename(self) -> Optional[Union[str, "PathLike"]]:
-        """The file or directory backing this storage, or None when it lives only in memory."""
+        """Hook: the file or directory backing this storage (what `load_from` reopens, and what `dumps` to it
+        flushes in place), or None (the default) when it lives only in memory or in a temporary place it deletes
+        on close. Owners read it (`ReplayBuffer`, `DictStorage`); the kit reopens from it."""
         return None
 
     @property
     def is_mutable(self) -> bool:
+        """Hook: False for a read-only storage (opened with ``load_from(..., read_only=True)``, the default there);
+        `check_writable` then refuses every write with `ReadOnlyStorageError` and `close()` persists nothing.
+        Default True: a storage that can be opened read-only overrides it."""
         return True
 
     @property
     def is_multiprocessing_safe(self) -> bool:
+        """Hook: True when pickled copies of this storage (sent to other processes) read and write the *same*
+        rows, so a `ReplayBuffer(multiprocessing=True)` may share it (memory-mapped files, shared memory). Default
+        False (a pickled copy is independent). The kit's `shares_rows_when_pickled = True` requires it."""
         return False
 
     @property
@@ -564,7 +576,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def set_value_label(self, label: str) -> None:
         """Hook: makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
         "value": a `DictStorage` calls it on every child that holds a single leaf, so a refused write names the
-        key. Storages that check values with their own `LeafConverter` (``_conv``) rename it too."""
+        key. The default stores `label` (used by `check_value`) and sets ``where = label`` on the `LeafConverter`
+        held in the attribute ``_conv`` (or ``_stage_conv``) when there is one: a storage that checks values with
+        a `LeafConverter` stored under another name, or with a checker of its own, overrides it (call `super()`)
+        so that its messages say `label` too."""
         self._value_label = label
         for name in ("_conv", "_stage_conv"):
             conv = getattr(self, name, None)

@@ -12,7 +12,9 @@ it on its own). Each storage's test module subclasses it as `TestSomething(Stora
 
 Class attributes: `capacity` (the ring size the fixed-capacity tests use), `supports_growable`,
 `shares_rows_when_pickled` (memory-mapped or shared-memory storages: a pickled copy sees later writes),
-`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child),
+`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child, which reads a row
+and writes another; set it with `shares_rows_when_pickled` for a storage meant for multiprocessing buffers),
+`reopens_from_cache_path` (False where `load(cache_filename, ...)` does not reopen the storage),
 `open_segment_rows_readable` (False where an append-built segment is staged until `mark_segment_end`),
 `state_machine_examples` / `state_machine_steps` (the size of `test_state_machine` and
 `test_state_machine_growable`, which run `unienv_data.testing.state_machine` through these same hooks).
@@ -1162,7 +1164,10 @@ class StorageConformance:
         if not self.shares_rows_when_pickled:
             pytest.skip("in-process memory: a pickled copy is independent")
         st, model = self.filled(tmp_path)
-        assert st.is_multiprocessing_safe
+        assert st.is_multiprocessing_safe, (
+            f"{type(st).__name__}: shares_rows_when_pickled is True but is_multiprocessing_safe is False; a storage "
+            "whose pickled copies (other processes) read and write the same rows overrides the "
+            "`is_multiprocessing_safe` property to return True (ReplayBuffer(multiprocessing=True) requires it)")
         clone = pickle.loads(pickle.dumps(st))
         self.assert_rows(clone, model)
         a, b = self.values(2)

@@ -246,7 +246,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Hook: frees what this object owns (a temporary directory, shared memory); called by the default `close()`
         and by garbage collection of a storage never closed. Default: nothing. It must free only what *this* object
         owns: a pickled copy (a worker's) must not free the original's resources (clear the ownership flag in
-        `__getstate__` / `__setstate__`), and it never closes storages owned elsewhere."""
+        `__getstate__` / `__setstate__`), and it never closes storages owned elsewhere. It may run more than once (a
+        `close()` override that also calls it): make it idempotent."""
 
     def __enter__(self) -> "SpaceStorage":
         return self

@@ -539,3 +539,51 @@ def test_verify_needs_checksums_for_bytes_zeroed_inside_a_lossy_video(tmp_path: 
     assert truncated.returncode == 1 and "truncated" in truncated.stdout
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     assert "without checksums" in doc and "decoder conceals" in doc
+
+
+PLUGIN = '''
+from unienv_data.base import register_storage
+from unienv_data.storages.npz_storage import NPZStorage
+
+
+@register_storage
+class PluginNPZStorage(NPZStorage):
+    """A plugin storage: a registered subclass, in a module the CLI does not know."""
+'''
+
+RECORD = '''
+import sys
+import numpy as np
+from unienv_interface.backends import NumpyComputeBackend as B
+from unienv_interface.space import BoxSpace
+from unienv_data.replay_buffer import ReplayBuffer
+from unienv_plugin_for_cli import PluginNPZStorage
+with ReplayBuffer.create(PluginNPZStorage, BoxSpace(B, -1.0, 1.0, np.float32, shape=(3,)), cache_path=sys.argv[1],
+                         capacity=None) as rb:
+    for _ in range(3):
+        rb.append(np.zeros(3, np.float32))
+    rb.mark_segment_end()
+'''
+
+
+def test_import_option_loads_a_plugin_storage(tmp_path: Path) -> None:
+    (tmp_path / "unienv_plugin_for_cli.py").write_text(PLUGIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
+    data = tmp_path / "ds"
+    subprocess.run([sys.executable, "-c", RECORD, str(data)], env=env, check=True, timeout=300)
+
+    def cli(*args: Any) -> subprocess.CompletedProcess:
+        return subprocess.run(CLI + [str(a) for a in args], env=env, capture_output=True, text=True, timeout=300)
+
+    plain = cli("verify", data)
+    assert plain.returncode == 1, plain.stderr
+    said = plain.stdout + plain.stderr      # verify reports damage on stdout
+    assert "unienv_plugin_for_cli.PluginNPZStorage" in said and "--import MODULE" in said
+    ok = cli("--import", "unienv_plugin_for_cli", "verify", data)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    both = cli("--import", "json", "--import", "unienv_plugin_for_cli", "info", data)
+    assert both.returncode == 0, both.stderr
+    missing = cli("--import", "no_such_plugin_module_xyz", "verify", data)
+    assert missing.returncode == 2
+    assert "--import no_such_plugin_module_xyz" in missing.stderr and "PYTHONPATH" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -27,7 +27,7 @@ DictOfListsStorage = _doc.DictOfListsStorage
 
 def test_the_page_holds_the_example() -> None:
     blocks = python_blocks(DOC)
-    assert len(blocks) == 3
+    assert len(blocks) == 4     # the example, its tests, a standalone state machine run, a create helper
     assert "class DictOfListsStorage(SpaceStorage)" in blocks[0][1]
     assert "class TestDictOfListsStorage(StorageConformance)" in blocks[1][1]
 

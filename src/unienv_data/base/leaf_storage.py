@@ -8,7 +8,7 @@ count, then call the storage's hook. A storage subclassing it sets `_capacity`, 
 
 * `_grow_rows(new_length)`: make rows `[len(self), new_length)` exist, reading as zeros (and set `_length`);
 * `_drop_rows(new_length)`: remove rows from `new_length` on (set `_length`, forget segments reaching past it -
-  `_shrunk_to` does that - and free their bytes, in the order its crash safety needs).
+  `after_shrink` does that - and free their bytes, in the order its crash safety needs).
 
 `_check_owner(what)` runs before either hook (a storage that a multiprocessing buffer shares refuses growth from a
 process that does not own it; the default accepts).

@@ -28,7 +28,9 @@ _BUILTIN: Dict[str, Tuple[str, str]] = {
     "unienv_data.storages.parquet.ParquetStorage": ("unienv_data.storages.parquet", "ParquetStorage"),
 }
 _STORAGES: ClassRegistry[Any] = ClassRegistry("storage", _BUILTIN, StorageFormatError,
-                                           "plugins must call unienv_data.base.register_storage")
+                                           "a plugin storage must be registered with "
+                                           "unienv_data.base.register_storage by importing its module first; from the "
+                                           "command line: unienv-data --import MODULE <command> ...")
 
 
 def storage_type_name(cls: Type[Any]) -> str:

@@ -18,7 +18,7 @@ from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.space_utils import batch_utils
 
 from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
-from .files import PathLike, creating_dataset
+from .files import PathLike, creating_dataset, replacing_allowed
 from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
 from .ring import runs_overlap, subtract_run
@@ -73,7 +73,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     * writes: `check_writable()`, `check_value(value, count)`, and the segment writers' three
       `prepare_element(value)` / `stack_prepared(items)` / `set_prepared(index, batch)`;
     * shared growth (multiprocessing buffers): `follows_shared_growth`, `follow_length(length, written)`;
-    * error messages: `set_value_label(label)`.
+    * error messages: `set_value_label(label)`;
+    * files and state: `flush()` (the default `close()` runs it: a file-backed storage implements it),
+      `on_segments_dropped()`, `cache_filename`, `is_mutable`, `is_multiprocessing_safe`, `_release()`;
+    * what a storage calls and keeps: `check_open()` (reads), `check_writable()` (writes), `after_shrink(length)`
+      (after a growable storage shrank).
     """
 
     #: File extension when the storage is one file (e.g. ".memmap"); None when it is a directory.
@@ -84,6 +88,9 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        legacy = cls.__dict__.get("_segments_dropped")
+        if callable(legacy) and "on_segments_dropped" not in cls.__dict__:
+            cls.on_segments_dropped = legacy  # type: ignore[method-assign]  # the hook's former, private name
         raw = cls.__dict__.get("create")
         if isinstance(raw, classmethod) and raw.__func__ not in _WRAPPED_BY_BASE:
             cls.create = classmethod(_refusing_existing(raw.__func__))  # type: ignore[method-assign,assignment]
@@ -126,15 +133,23 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 
     @property
     def cache_filename(self) -> Optional[Union[str, "PathLike"]]:
-        """The file or directory backing this storage, or None when it lives only in memory."""
+        """Hook: the file or directory backing this storage (what `load_from` reopens, and what `dumps` to it
+        flushes in place), or None (the default) when it lives only in memory or in a temporary place it deletes
+        on close. Owners read it (`ReplayBuffer`, `DictStorage`); the kit reopens from it."""
         return None
 
     @property
     def is_mutable(self) -> bool:
+        """Hook: False for a read-only storage (opened with ``load_from(..., read_only=True)``, the default there);
+        `check_writable` then refuses every write with `ReadOnlyStorageError` and `close()` persists nothing.
+        Default True: a storage that can be opened read-only overrides it."""
         return True
 
     @property
     def is_multiprocessing_safe(self) -> bool:
+        """Hook: True when pickled copies of this storage (sent to other processes) read and write the *same*
+        rows, so a `ReplayBuffer(multiprocessing=True)` may share it (memory-mapped files, shared memory). Default
+        False (a pickled copy is independent). The kit's `shares_rows_when_pickled = True` requires it."""
         return False
 
     @property
@@ -199,9 +214,26 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             if n:
                 self.shrink_length(n)
 
+    def flush(self) -> None:
+        """Hook: makes what is committed (rows, length, segment list) durable in the storage's own files
+        (`cache_filename`), so that `load_from(cache_filename, ...)` reopens it. Called by `persist_committed()`
+        (commit points, `bulk()`), by owners, and by the default `close()` on a writable storage. Default: nothing
+        (an in-memory storage). A file-backed storage that keeps its length or segment list in a metadata file
+        MUST override it (or override `close()` to write that file), else a storage closed without `dumps` reopens
+        with what was last written; `StorageConformance.test_close_persists_without_dumps` checks it."""
+
     def close(self) -> None:
-        """Releases files and memory; later use raises StorageClosedError. Idempotent."""
-        self._closed = True
+        """Persists and releases: a writable storage runs `flush()` first (the commit), then the storage is marked
+        closed and `_release()` frees what it owns; later use raises StorageClosedError. Idempotent. A storage
+        that overrides it must still persist what `flush()` would (file-backed storages: see `flush`)."""
+        if self._closed:
+            return
+        try:
+            if self.is_mutable:
+                self.flush()
+        finally:
+            self._closed = True
+            self._release()
 
     def __del__(self) -> None:
         try:
@@ -211,7 +243,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             pass
 
     def _release(self) -> None:
-        """What garbage collection frees (default: nothing). Never closes storages owned elsewhere."""
+        """Hook: frees what this object owns (a temporary directory, shared memory); called by the default `close()`
+        and by garbage collection of a storage never closed. Default: nothing. It must free only what *this* object
+        owns: a pickled copy (a worker's) must not free the original's resources (clear the ownership flag in
+        `__getstate__` / `__setstate__`), and it never closes storages owned elsewhere. It may run more than once (a
+        `close()` override that also calls it): make it idempotent."""
 
     def __enter__(self) -> "SpaceStorage":
         return self
@@ -257,22 +293,28 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             self.persist_committed()
 
     def persist_committed(self) -> None:
-        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage has one and is open and
+        """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage is open and
         writable: leaf storages write their own small metadata; composite storages forward segment ends to their
         children, which persist themselves)."""
-        flush = getattr(self, "flush", None)
-        if flush is not None and not self._closed and self.is_mutable:
-            flush()
+        if not self._closed and self.is_mutable:
+            self.flush()
 
     # ------------------------------------------------------------------ guards
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raises `StorageClosedError` (naming the storage, saying to reopen it) when the storage is closed; every
+        read, `dumps` and `flush` starts with it (writes go through `check_writable`, which calls it). Storages
+        call it and keep it."""
         if self._closed:
             raise closed_error(self)
+
+    def _check_open(self) -> None:
+        """`check_open()` (the name the built-in storages call)."""
+        self.check_open()
 
     def check_writable(self) -> None:
         """Raises `StorageClosedError` for a closed storage and `ReadOnlyStorageError` for a read-only one; every
         write starts with it (segment writers and owners call it too). Storages keep the default."""
-        self._check_open()
+        self.check_open()
         if not self.is_mutable:
             raise ReadOnlyStorageError(f"cannot write to a read-only {type(self).__name__} (opened with read_only=True, "
                                        "load_from's default); to continue recording, reopen it writable: "
@@ -370,7 +412,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         segment); returns how many rows from `pos` on are free.
 
         The run left after the cut is the *eaten* run (`SegmentLog.eaten`): the next append cuts it again. It is
-        left out of what is persisted until the open segment ends, so the files are rewritten (`_segments_dropped`)
+        left out of what is persisted until the open segment ends, so the files are rewritten (`on_segments_dropped`)
         once per run the segment starts eating, not once per row."""
         log = self.segment_log()
         if log is None or not len(log):
@@ -383,7 +425,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             rest = subtract_run(hit, (pos, 1), self.capacity)
             log.eaten = rest[-1] if rest else None    # the part after `pos`, which the next appends overwrite
             if hit != eaten:
-                self._segments_dropped()
+                self.on_segments_dropped()
         cap = self.capacity
         best = 1 << 62
         for s, _n in log.runs():
@@ -425,14 +467,19 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             log.eaten = None
             log.version += 1        # the run it was eating is persisted again at the next save
 
-    def _shrunk_to(self, length: int) -> None:
-        """Call after a growable storage shrank to `length` rows: forgets the recorded segments reaching past it and
-        aborts an open append-built segment that did (a hook for storages written outside this package)."""
+    def after_shrink(self, length: int) -> None:
+        """A growable storage calls it after it shrank to `length` rows (in `shrink_length`, `clear`): forgets the
+        recorded segments reaching past the new end and aborts an open append-built segment that did. A storage
+        keeps the default. (Formerly the private `_shrunk_to`, still accepted.)"""
         log = self.segment_log()
         if log is not None:
             log.truncate(length)
         if self._seg_start is not None and self._seg_start + self._seg_len > length:
             self.abort_segment()
+
+    def _shrunk_to(self, length: int) -> None:
+        """The former, private name of `after_shrink`."""
+        self.after_shrink(length)
 
     def forget_segments(self, start: int, length: int) -> None:
         """Drops recorded segments sharing a row with the physical run `[start, start + length)` (modulo the
@@ -443,7 +490,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             log.drop_overlapping(int(start), int(length))
             self._seg_clear_rows = 0
             if log.version != before:
-                self._segments_dropped()
+                self.on_segments_dropped()
 
     #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s commit log):
     #: called with this storage instead of rewriting its own metadata when segments are dropped
@@ -459,10 +506,18 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Takes the committed length and segments an owner's commit log holds (see `commit_log_leaf`)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state in an owner's commit log")
 
+    def on_segments_dropped(self) -> None:
+        """Hook (called by `SpaceStorage` when an append-built segment or a segment writer's `commit` starts
+        overwriting rows of recorded segments, and by `forget_segments`): the segments were dropped from
+        `segment_log()` and their rows are about to be overwritten, BEFORE those rows are written. Default: nothing.
+        A storage whose files hold its segment list (`has_persistent_segments()`) persists the shorter list here
+        (typically its `flush()`, when open and writable), so a crash never leaves metadata listing a segment whose
+        rows hold other data; `StorageConformance.test_dropped_segments_persisted_before_overwrite` checks it.
+        (Formerly the private `_segments_dropped`; a subclass overriding that name still works.)"""
+
     def _segments_dropped(self) -> None:
-        """Called after recorded segments were dropped because their rows are about to be overwritten and
-        BEFORE those rows are written: file-backed storages persist the shorter list here, so a crash never
-        leaves metadata that lists a segment whose rows hold other data."""
+        """The former, private name of `on_segments_dropped` (the default, nothing), kept so that a storage written
+        against it (overriding it and calling ``super()._segments_dropped()``) still works."""
 
     def has_persistent_segments(self) -> bool:
         """Hook (asked by owners: `ReplayBuffer`, `DictStorage`, the Ray readers): whether this storage persists its
@@ -522,7 +577,10 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def set_value_label(self, label: str) -> None:
         """Hook: makes error messages about this storage's values say `label` (e.g. ``key 'obs/image'``) instead of
         "value": a `DictStorage` calls it on every child that holds a single leaf, so a refused write names the
-        key. Storages that check values with their own `LeafConverter` (``_conv``) rename it too."""
+        key. The default stores `label` (used by `check_value`) and sets ``where = label`` on the `LeafConverter`
+        held in the attribute ``_conv`` (or ``_stage_conv``) when there is one: a storage that checks values with
+        a `LeafConverter` stored under another name, or with a checker of its own, overrides it (call `super()`)
+        so that its messages say `label` too."""
         self._value_label = label
         for name in ("_conv", "_stage_conv"):
             conv = getattr(self, name, None)
@@ -618,7 +676,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
 #: `_dropping_cross_options`): a class that reuses one is not wrapped twice
 _WRAPPED_BY_BASE: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
 def closed_error(storage: SpaceStorage) -> StorageClosedError:
-    """The error using a closed storage raises (see `SpaceStorage._check_open`), naming the storage's type."""
+    """The error using a closed storage raises (see `SpaceStorage.check_open`), naming the storage's type."""
     return StorageClosedError(f"{type(storage).__name__} is closed; reopen it with load_from()")
 @contextlib.contextmanager
 def suspended_durability(owner: _Owner, still_open: Callable[[], bool], persist: Callable[[], None]) -> Iterator[_Owner]:
@@ -653,11 +711,18 @@ def _refusing_existing(create: Callable[..., Any]) -> Callable[..., Any]:
     """`create` taking one more keyword, `overwrite=False`: a `cache_path` that already holds data is refused
     (FileExistsError naming it and what to do) unless `overwrite=True`. Storages a composite storage or a replay
     buffer creates inside its own (checked) directory are not checked again. Applied to every storage class's
-    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently."""
+    `create` by `SpaceStorage.__init_subclass__`, so no storage can replace a dataset silently. A `create` that
+    names an `overwrite` parameter itself gets True when what is at `cache_path` may be replaced: the caller
+    passed `overwrite=True`, or an owner (a replay buffer or composite storage created with its own check) is
+    creating it inside its directory."""
+    takes_overwrite = "overwrite" in inspect.signature(create).parameters
+
     @functools.wraps(create)
     def checked(cls: Any, *args: Any, overwrite: bool = False, **kwargs: Any) -> Any:
         path = kwargs.get("cache_path")
         opener = f"{cls.__name__}.load_from({os.fspath(path)!r}, space)" if path is not None else ""
+        if takes_overwrite:
+            kwargs["overwrite"] = overwrite or replacing_allowed()
         with creating_dataset(path, overwrite, cls.__name__, opener):
             return create(cls, *args, **kwargs)
     _WRAPPED_BY_BASE.add(checked)

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
                "1 failure or damage found, 2 bad command line.")
     parser.add_argument("--version", action="version", version=f"unienv-data {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE before the command (repeatable), so that the storage classes it "
+                             "registers with unienv_data.base.register_storage can be opened; give it before the "
+                             "command, e.g. 'unienv-data --import my_storages verify PATH'")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in COMMANDS:
         import_module(f"{__name__}.{name}").add_parser(sub)
@@ -49,6 +53,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if getattr(args, "run", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    code = _import_plugins(args.imports, args.debug)
+    if code:
+        return code
     try:
         return int(args.run(args))
     except CLIError as exc:
@@ -71,6 +78,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"unienv-data {args.command}: error: {type(exc).__name__}: {exc} (rerun with --debug for the "
               "traceback)", file=sys.stderr)
         return 1
+
+
+def _import_plugins(modules: List[str], debug: bool) -> int:
+    """Imports the `--import` modules in order (their `register_storage` calls run); 0, or the exit code after an
+    error message: 2 for a module that cannot be found, 1 for one that raised while being imported."""
+    from importlib import import_module
+    for name in modules:
+        try:
+            import_module(name)
+        except ImportError as exc:
+            if debug:
+                raise
+            print(f"unienv-data: error: --import {name}: cannot import it ({type(exc).__name__}: {exc}); the "
+                  "module must be installed or on PYTHONPATH", file=sys.stderr)
+            return 2
+        except Exception as exc:  # noqa: BLE001 - the plugin's own failure: a message, not a traceback
+            if debug:
+                raise
+            print(f"unienv-data: error: --import {name}: importing it raised {type(exc).__name__}: {exc} (rerun "
+                  "with --debug for the traceback)", file=sys.stderr)
+            return 1
+    return 0
 
 
 __all__ = ["main", "build_parser", "CLIError"]

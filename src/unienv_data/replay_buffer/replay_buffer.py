@@ -611,7 +611,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             if not log.version and not hidden:
                 return      # no listed segment holds those rows and no visible row is overwritten: the disk stays true
         if is_durable():
-            st.flush()  # type: ignore[attr-defined]  # a shareable storage has one
+            st.flush()
         meta = self._metadata()
         if drop is not None:
             cap = st.capacity

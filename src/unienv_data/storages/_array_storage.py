@@ -467,7 +467,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
         self._length = new_length
         self._meta_dirty = True
         self._block.data[new_length:] = 0
-        self._shrunk_to(new_length)
+        self.after_shrink(new_length)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, and resets every row to zero (growable: length 0)."""
@@ -483,7 +483,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                 "dtype": sp.backend.dtype_name(sp.dtype), "shape": list(sp.shape or ()), "capacity": self._capacity,
                 "length": self._length, "segments": self._segments.to_json()}
 
-    def _segments_dropped(self) -> None:
+    def on_segments_dropped(self) -> None:
         if self._block.mode == MEMMAP and not self._read_only:
             if self.drop_listener is not None:
                 self.drop_listener(self)       # the owner's commit log records the shorter list

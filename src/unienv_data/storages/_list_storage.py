@@ -310,7 +310,7 @@ class ListStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         """Removes rows from `new_len` on, and their files."""
         self._length = new_len
         self._meta_dirty = True
-        self._shrunk_to(new_len)
+        self.after_shrink(new_len)
         # metadata first (a crash leaves extra files, never a row recorded as written without its file)
         self._written[new_len:] = False
         if self._owner:

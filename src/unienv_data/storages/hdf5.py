@@ -375,7 +375,7 @@ class HDF5Storage(
         before = self._segments.version
         self._segments.truncate(new_len)
         if self._segments.version != before:
-            self._segments_dropped()        # persisted before their rows are zeroed
+            self.on_segments_dropped()        # persisted before their rows are zeroed
         self._zero_rows(new_len, self._length)
         self._length = new_len
         self._meta_dirty = True
@@ -387,7 +387,7 @@ class HDF5Storage(
         self.abort_segment()
         if len(self._segments):
             self._segments.clear()
-            self._segments_dropped()        # persisted before their rows are zeroed
+            self.on_segments_dropped()        # persisted before their rows are zeroed
         if self._capacity is None:
             self.shrink_length(self._length)
         else:
@@ -427,7 +427,7 @@ class HDF5Storage(
         self._meta_dirty = False
         self._saved_log_version = self._segments.version
 
-    def _segments_dropped(self) -> None:
+    def on_segments_dropped(self) -> None:
         # rows of a recorded segment are about to be overwritten: persist the shorter list first
         if self._path is not None and not self._read_only and self._owner and not self._closed \
                 and self._file is not None and self._pid == os.getpid():

@@ -298,7 +298,7 @@ class ImageStorage(FileRowStorage[BArrayType, BArrayType, BDeviceType, BDtypeTyp
         if not self._read_only and self._dirty:
             self.write_metadata()
 
-    def _segments_dropped(self) -> None:
+    def on_segments_dropped(self) -> None:
         # an image replaces its row's file as soon as it is written: the segments it overwrites leave the metadata
         # first, so a crash never leaves a listed episode holding a frame of another
         if not self._read_only and not self._closed:
@@ -329,7 +329,7 @@ class ImageStorage(FileRowStorage[BArrayType, BArrayType, BDeviceType, BDtypeTyp
 
     def _drop_rows(self, new_len: int) -> None:
         """Removes rows from `new_len` on and their files (the metadata first)."""
-        self._shrunk_to(new_len)
+        self.after_shrink(new_len)
         gone = np.flatnonzero(self._written[new_len:]) + new_len
         self._written = self._written[:new_len].copy()
         self._length = new_len

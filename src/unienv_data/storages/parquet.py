@@ -177,7 +177,7 @@ class ParquetStorage(
             loaded[first_gone:] = True  # rows past the new end hold zeros from now on
         self._length = new
         self._disk_valid = min(self._disk_valid, new)
-        self._shrunk_to(new)
+        self.after_shrink(new)
 
     def clear(self) -> None:
         """Aborts the open segment, forgets all segments, zeroes every row (growable: length 0)."""

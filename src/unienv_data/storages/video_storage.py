@@ -610,7 +610,7 @@ class VideoStorage(FileRowStorage[BArrayType, BArrayType, BDeviceType, BDtypeTyp
 
     def _drop_rows(self, new_len: int) -> None:
         """Removes rows from `new_len` on (files no row reads any more are deleted, after the metadata)."""
-        self._shrunk_to(new_len)
+        self.after_shrink(new_len)
         freed = self._index.resize(new_len)
         self._length = new_len
         self.write_metadata()

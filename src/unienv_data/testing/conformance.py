@@ -12,7 +12,9 @@ it on its own). Each storage's test module subclasses it as `TestSomething(Stora
 
 Class attributes: `capacity` (the ring size the fixed-capacity tests use), `supports_growable`,
 `shares_rows_when_pickled` (memory-mapped or shared-memory storages: a pickled copy sees later writes),
-`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child),
+`spawn_check` (run the one test that hands the storage to a real `multiprocessing` spawn child, which reads a row
+and writes another; set it with `shares_rows_when_pickled` for a storage meant for multiprocessing buffers),
+`reopens_from_cache_path` (False where `load(cache_filename, ...)` does not reopen the storage),
 `open_segment_rows_readable` (False where an append-built segment is staged until `mark_segment_end`),
 `state_machine_examples` / `state_machine_steps` (the size of `test_state_machine` and
 `test_state_machine_growable`, which run `unienv_data.testing.state_machine` through these same hooks).
@@ -97,6 +99,11 @@ class StorageConformance:
     #: are invisible until mark_segment_end and abort_segment discards them; the state machine then models that
     #: and reads only the other rows meanwhile
     open_segment_rows_readable: bool = True
+    #: True (the default): a storage with a `cache_filename` reopens from it with `load(cache_filename, read_only)`
+    #: after `close()` alone (no `dumps`), and a fresh `load` of it lists no segment dropped for an overwrite
+    #: (`test_close_persists_without_dumps`, `test_dropped_segments_persisted_before_overwrite`); False where the
+    #: cache path is not what `load` opens
+    reopens_from_cache_path: bool = True
     #: the state machine's size: runs (Hypothesis examples) and steps per run
     state_machine_examples: int = 6
     state_machine_steps: int = 15
@@ -686,6 +693,70 @@ class StorageConformance:
         assert back.episode_segments() == st.episode_segments()
         self.assert_rows(back, model)
 
+    def _own_cache_path(self, st: Any) -> Any:
+        own = st.cache_filename
+        if own is None or not self.reopens_from_cache_path:
+            pytest.skip("no cache path of its own to reopen (in memory, or reopens_from_cache_path = False)")
+        return own
+
+    def test_close_persists_without_dumps(self, tmp_path: Any) -> None:
+        """`close()` commits: a file-backed storage written, then closed without `dumps`, reopens from its cache
+        path with its rows, length and segments (ring, and growable after `extend_length` + `set`)."""
+        caps: List[Optional[int]] = [self.capacity] + ([None] if self.supports_growable else [])
+        for cap in caps:
+            st = self.new_storage(tmp_path, cap)
+            own = self._own_cache_path(st)
+            if cap is None:
+                st.extend_length(3)
+            vals = self.values(3)
+            st.set(1, vals[1])
+            st.mark_segment_start(2)
+            st.append(vals[2])
+            st.mark_segment_end()
+            st.set(0, vals[0])
+            model, n, segs = [st.get(i) for i in range(len(st))], len(st), st.episode_segments()
+            st.close()
+            back = self.load(own, True)
+            self._opened.append(back)
+            hint = (f"{type(st).__name__} (capacity={cap}) closed without dumps() and reopened from its cache path "
+                    f"{own!r}: {{}}. close() commits: implement the `flush()` hook (SpaceStorage.close() calls it "
+                    "on a writable storage) to write the length, segment list and rows to the cache path, or "
+                    "override close() to do so")
+            assert len(back) == n, hint.format(f"length {len(back)}, expected {n}")
+            assert back.episode_segments() == segs, hint.format(
+                f"segments {back.episode_segments()}, expected {segs}")
+            for i, v in enumerate(model):
+                try:
+                    self.assert_equal(back.get(i), v)
+                except AssertionError as exc:
+                    raise AssertionError(hint.format(f"row {i} differs: {exc}")) from None
+
+    def test_dropped_segments_persisted_before_overwrite(self, tmp_path: Any) -> None:
+        """A segment dropped because a new segment starts overwriting its rows is gone from the files *before*
+        those rows are written (`on_segments_dropped` hook): a fresh `load` of the cache path (no close, as after a
+        crash) never lists it."""
+        if not self.open_segment_rows_readable:
+            pytest.skip("the open segment is staged: recorded rows are overwritten only at mark_segment_end")
+        st = self.new_storage(tmp_path)
+        own = self._own_cache_path(st)
+        if not st.has_persistent_segments():
+            pytest.skip("the storage does not persist its own segment list")
+        c = self.capacity
+        self.append_segment(st, 0, 3)
+        self.append_segment(st, 3, c - 3)
+        st.mark_segment_start(0)
+        st.append(self.values(1)[0])        # cuts row 0 out of the segment (0, 2): that segment is dropped
+        fresh = self.load(own, True)
+        self._opened.append(fresh)
+        listed = fresh.episode_segments()
+        stale = [r for r in listed if r[0] <= 0 <= r[1] or (r[1] < r[0])]
+        assert not stale, (
+            f"{type(st).__name__}: after an append overwrote row 0, a fresh load of {own!r} still lists {stale} "
+            f"(all listed: {listed}); a crash now would leave a segment whose rows hold other data. Persist the "
+            "shorter segment list in the `on_segments_dropped()` hook (SpaceStorage calls it after dropping "
+            "segments and before writing their rows)")
+        st.abort_segment()
+
     def test_read_only_refuses_writes(self, tmp_path: Any) -> None:
         st, model = self._storage_with_segments(tmp_path)
         path = self.dump_path(self.new_dir(tmp_path))
@@ -1093,7 +1164,10 @@ class StorageConformance:
         if not self.shares_rows_when_pickled:
             pytest.skip("in-process memory: a pickled copy is independent")
         st, model = self.filled(tmp_path)
-        assert st.is_multiprocessing_safe
+        assert st.is_multiprocessing_safe, (
+            f"{type(st).__name__}: shares_rows_when_pickled is True but is_multiprocessing_safe is False; a storage "
+            "whose pickled copies (other processes) read and write the same rows overrides the "
+            "`is_multiprocessing_safe` property to return True (ReplayBuffer(multiprocessing=True) requires it)")
         clone = pickle.loads(pickle.dumps(st))
         self.assert_rows(clone, model)
         a, b = self.values(2)

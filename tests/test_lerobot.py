@@ -316,6 +316,37 @@ def test_v3_episode_rows_not_matching_the_data_are_named(tmp_path: Path) -> None
         LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend)
 
 
+@pytest.mark.parametrize("name", ["v21_video", "v30_video"])
+def test_info_without_file_templates_or_tasks_uses_lerobots_standard_layout(tmp_path: Path, name: str) -> None:
+    """No `data_path` / `video_path` in info.json: lerobot's standard templates of that version; no tasks file: no
+    task text (the reference reads such folders too)."""
+    root = copy_fixture(name, tmp_path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    del info["data_path"], info["video_path"]
+    info_path.write_text(json.dumps(info))
+    for tasks in ("tasks.jsonl", "tasks.parquet"):
+        (root / "meta" / tasks).unlink(missing_ok=True)
+    with open_fixture(name) as intact, LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend) as ds:
+        assert len(ds) == len(intact)
+        rows = np.array([0, len(ds) // 2, len(ds) - 1])
+        got, want = ds.get_at(rows), intact.get_at(rows)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+        assert ds.tasks == {}   # (v2.1's episodes.jsonl still names each episode's tasks)
+
+
+@pytest.mark.parametrize("bad", ["data/{nope}.parquet", 7, "data/{episode_index"])
+def test_malformed_data_path_is_named(tmp_path: Path, bad: Any) -> None:
+    root = copy_fixture("v21_image", tmp_path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["data_path"] = bad
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(StorageFormatError, match=r"info\.json.*'data_path'"):
+        LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend)
+
+
 def test_not_a_dataset_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         LeRobotAsUniEnvDataset.from_local(tmp_path / "nothing", NumpyComputeBackend)

@@ -42,6 +42,11 @@ SPACES_FILE = "unienv_spaces.json"
 SPACES_FORMAT = "unienv_data LeRobot feature spaces"
 #: how error messages name a JSON file of a LeRobot dataset's `meta/` folder
 _LEROBOT_FILE = "LeRobot dataset metadata file"
+#: lerobot's standard file templates per layout, used where `meta/info.json` has no `data_path` / `video_path`
+V2_DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+V2_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+V3_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V3_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 
 
 def read_recorded_spaces(root: str) -> Dict[str, Any]:
@@ -107,7 +112,7 @@ class LeRobotSchema:
     chunks_size: int
     features: Dict[str, LeRobotFeature]
     data_path: str
-    video_path: Optional[str]
+    video_path: str
     splits: Optional[Dict[str, str]] = None
     info: Dict[str, Any] = field(default_factory=dict)   #: the whole info.json
 
@@ -203,6 +208,23 @@ def _int(v: Any, where: str, what: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- schema
+def _template(info: Dict[str, Any], key: str, default: str, v3: bool, path: str) -> str:
+    """`info[key]`, a file template of the layout (lerobot's standard one when absent or null); StorageFormatError
+    when it is not a string that formats with the layout's fields."""
+    raw = info.get(key)
+    if raw is None:
+        return default
+    fields: Dict[str, Any] = ({"chunk_index": 0, "file_index": 0} if v3 else {"episode_chunk": 0, "episode_index": 0})
+    try:
+        if not isinstance(raw, str):
+            raise TypeError(f"a string is needed, got {type(raw).__name__}")
+        raw.format(video_key="camera", **fields)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise StorageFormatError(f"{path}: {key!r} is {raw!r}, which is not a file template with the fields "
+                                 f"{sorted(fields)} ({exc!r})") from None
+    return raw
+
+
 def parse_info(root: str) -> LeRobotSchema:
     """`meta/info.json` as a `LeRobotSchema`; StorageFormatError for an unsupported `codebase_version`."""
     path = os.path.join(root, "meta", "info.json")
@@ -226,20 +248,24 @@ def parse_info(root: str) -> LeRobotSchema:
             raise StorageFormatError(f"{path}: feature {name!r} has shape {shape!r}; expected a list of sizes")
         features[name] = LeRobotFeature(name, str(spec["dtype"]), tuple(shape), spec.get("names"),
                                         spec.get("info") or spec.get("video_info"))
-    for key in ("fps", "data_path"):
-        if key not in info:
-            raise StorageFormatError(f"{path} has no {key!r}")
+    if "fps" not in info:
+        raise StorageFormatError(f"{path} has no 'fps'")
+    v3 = str(version).startswith("v3")
+    data_path = _template(info, "data_path", V3_DATA_PATH if v3 else V2_DATA_PATH, v3, path)
+    video_path = _template(info, "video_path", V3_VIDEO_PATH if v3 else V2_VIDEO_PATH, v3, path)
     return LeRobotSchema(
         codebase_version=version, robot_type=info.get("robot_type"), fps=_int(info["fps"], path, "fps"),
         total_episodes=int(info.get("total_episodes", 0)), total_frames=int(info.get("total_frames", 0)),
         total_tasks=int(info.get("total_tasks", 0)), chunks_size=int(info.get("chunks_size", 1000)),
-        features=features, data_path=str(info["data_path"]), video_path=info.get("video_path"),
+        features=features, data_path=data_path, video_path=video_path,
         splits=info.get("splits"), info=info)
 
 
 # ---------------------------------------------------------------------------------------------------- tasks, episodes
 def _tasks_v3(root: str) -> Dict[int, str]:
     path = os.path.join(root, "meta", "tasks.parquet")
+    if not os.path.exists(path):
+        return {}   # no task text, as lerobot datasets without tasks have
     table = read_parquet(path)
     names = table.schema.names
     if "task_index" not in names:
@@ -257,6 +283,8 @@ def _tasks_v3(root: str) -> Dict[int, str]:
 def _tasks_v2(root: str) -> Dict[int, str]:
     path = os.path.join(root, "meta", "tasks.jsonl")
     out: Dict[int, str] = {}
+    if not os.path.exists(path):
+        return out   # no task text, as lerobot datasets without tasks have
     for row in _read_jsonl(path):
         if "task_index" not in row or "task" not in row:
             raise StorageFormatError(f"{path}: every line needs 'task_index' and 'task', got {row!r}")
@@ -464,9 +492,6 @@ def load_layout(root: str, features: Optional[List[str]] = None) -> LeRobotLayou
     video_rows: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
     video_files: Dict[str, List[str]] = {}
     for k in vids:
-        if not schema.video_path:
-            raise StorageFormatError(f"{os.path.join(root, 'meta', 'info.json')}: feature {k!r} is a video but "
-                                     "there is no 'video_path'")
         files: List[str] = []
         file_ids: Dict[str, int] = {}
         fid = np.empty(n, np.int32)

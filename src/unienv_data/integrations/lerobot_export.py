@@ -32,13 +32,13 @@ import numpy as np
 from unienv_data.base.files import atomic_write_json
 from unienv_data.storages._episode_files import import_optional, remove_quietly
 
-from ._lerobot_format import TABULAR_DTYPES
+from ._lerobot_format import TABULAR_DTYPES, V3_DATA_PATH, V3_VIDEO_PATH
 
 #: columns the writer makes itself
 RESERVED = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 CODEBASE_VERSION = "v3.0"
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+DATA_PATH = V3_DATA_PATH
+VIDEO_PATH = V3_VIDEO_PATH
 #: lerobot's default video encoding (lerobot.datasets.video_utils.encode_video_frames)
 DEFAULT_CODEC = "libsvtav1"
 DEFAULT_ENCODER_OPTIONS = {"crf": "30"}

@@ -347,6 +347,34 @@ def test_malformed_data_path_is_named(tmp_path: Path, bad: Any) -> None:
         LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend)
 
 
+@pytest.mark.parametrize("name", ["v21_image", "v30_multifile"])
+def test_data_files_without_an_episode_index_column(tmp_path: Path, name: str) -> None:
+    """Data parquet files without `episode_index`: v2 reads the episode's whole file, v3 finds the rows from the
+    episode's `dataset_from_index` and the file's first `index` (the reference reads such files too)."""
+    import pyarrow.parquet as pq
+    root = copy_fixture(name, tmp_path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    del info["features"]["episode_index"]
+    info_path.write_text(json.dumps(info))
+    files = sorted((root / "data").rglob("*.parquet"))
+    for path in files:
+        table = pq.read_table(path)
+        pq.write_table(table.drop(["episode_index"]), path)
+    with open_fixture(name) as intact, LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend) as ds:
+        assert len(ds) == len(intact)
+        rows = np.arange(len(ds))
+        got, want = ds.get_at(rows), intact.get_at(rows)
+        assert set(got) == set(want) - {"episode_index"}
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[key])
+    # an episode longer than its file is still an error naming the file
+    table = pq.read_table(files[-1])
+    pq.write_table(table.slice(0, table.num_rows - 1), files[-1])
+    with pytest.raises(StorageFormatError, match=files[-1].name):
+        LeRobotAsUniEnvDataset.from_local(root, NumpyComputeBackend)
+
+
 def test_not_a_dataset_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         LeRobotAsUniEnvDataset.from_local(tmp_path / "nothing", NumpyComputeBackend)

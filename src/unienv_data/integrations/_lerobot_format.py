@@ -183,9 +183,9 @@ def _read_jsonl(path: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def read_parquet(path: str, columns: Optional[List[str]] = None) -> Any:
-    """The pyarrow Table of `path` (only `columns` when given); StorageFormatError naming the file when it is missing,
-    truncated or lacks a column."""
+def read_parquet(path: str, columns: Optional[List[str]] = None, optional: Tuple[str, ...] = ()) -> Any:
+    """The pyarrow Table of `path` (only `columns` when given, plus those of `optional` the file has);
+    StorageFormatError naming the file when it is missing, truncated or lacks a column."""
     pq = import_optional("pyarrow.parquet", "parquet", "Reading LeRobot datasets")
     import pyarrow as pa
     if not os.path.isfile(path):
@@ -196,6 +196,7 @@ def read_parquet(path: str, columns: Optional[List[str]] = None) -> Any:
             absent = [c for c in columns if c not in schema_names]
             if absent:
                 raise StorageFormatError(f"{path} has no column(s) {absent} (it has {schema_names})")
+            columns = list(columns) + [c for c in optional if c in schema_names and c not in columns]
         return pq.read_table(path, columns=columns)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise StorageFormatError(f"{path} cannot be read as parquet ({exc}): the file is truncated or damaged") from None
@@ -387,6 +388,23 @@ def _image_bytes(col: Any, root: str, where: str, name: str) -> List[Optional[by
     return out
 
 
+def _rows_without_episode_column(table: Any, r: Dict[str, Any], v3: bool, path: str) -> np.ndarray:
+    """Rows of episode `r` in a data file with no `episode_index` column: the whole file (v2, one file per episode),
+    or from `dataset_from_index` less the file's first `index` (v3, packed; 0 without an `index` column)."""
+    e, length = int(r["episode_index"]), int(r["length"])
+    start = 0
+    if v3:
+        if r.get("dataset_from_index") is None:
+            raise StorageFormatError(f"{path} has no 'episode_index' column and {r['_where']} gives episode {e} no "
+                                     "'dataset_from_index': its rows cannot be found")
+        first = table.column("index")[0].as_py() if "index" in table.schema.names and table.num_rows else 0
+        start = int(r["dataset_from_index"]) - int(first)
+    if start < 0 or start + length > table.num_rows:
+        raise StorageFormatError(f"{path}: episode {e} should have {length} rows from row {start} (per {r['_where']}), "
+                                 f"but the file has {table.num_rows} rows: the episode indices do not match the data")
+    return np.arange(start, start + length)
+
+
 # ---------------------------------------------------------------------------------------------------- the whole layout
 def load_layout(root: str, features: Optional[List[str]] = None) -> LeRobotLayout:
     """Reads the LeRobot dataset at `root` (only the named `features` of its columns and cameras when given)."""
@@ -430,13 +448,14 @@ def load_layout(root: str, features: Optional[List[str]] = None) -> LeRobotLayou
     parts: Dict[int, Dict[str, Any]] = {}   # episode -> {column: array/list}
     for rel, eps in by_file.items():
         path = os.path.join(root, rel)
-        table = read_parquet(path, [c for c in need if c in schema.features or c == "episode_index"])
+        table = read_parquet(path, [c for c in need if c in schema.features], optional=("episode_index", "index"))
         n_file = table.num_rows
-        ep_col = column_to_numpy(table.column("episode_index"),
-                                 LeRobotFeature("episode_index", "int64", (1,)), n_file, path).reshape(-1)
+        ep_col = column_to_numpy(table.column("episode_index"), LeRobotFeature("episode_index", "int64", (1,)),
+                                 n_file, path).reshape(-1) if "episode_index" in table.schema.names else None
         for r in eps:
             e, length = int(r["episode_index"]), int(r["length"])
-            rows = np.flatnonzero(ep_col == e)
+            rows = np.flatnonzero(ep_col == e) if ep_col is not None else _rows_without_episode_column(
+                table, r, schema.is_v3, path)
             if rows.size != length or (rows.size and rows[-1] - rows[0] + 1 != rows.size):
                 raise StorageFormatError(
                     f"{path}: episode {e} should have {length} consecutive rows (per {r['_where']}), but its "

@@ -239,6 +239,15 @@ def test_reference_style_directory_capacity(tmp_path: Any) -> None:
     assert len(rb) == 10 and rb[3]["done"]
 
 
+@pytest.mark.parametrize("capacity", [None, 6])
+def test_build_space_gives_the_row_count_as_capacity(tmp_path: Any, capacity: Any) -> None:
+    """As the reference: `(count, count, space)`, for an empty unbounded directory `(0, 0, space)`."""
+    ParquetStorage.create(SPACE, capacity=capacity, cache_path=tmp_path / "d").close()
+    count, cap, space = ParquetStorage.build_space_from_parquet_file(tmp_path / "d")
+    assert (count, cap) == ((0, 0) if capacity is None else (6, 6))
+    assert space == SPACE
+
+
 def test_pickled_copy_is_a_reader(tmp_path: Any) -> None:
     st = _filled(tmp_path / "d", None)
     clone = pickle.loads(pickle.dumps(st))  # pickling flushes the dirty pieces first

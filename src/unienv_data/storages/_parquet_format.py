@@ -149,7 +149,7 @@ def directory_space(path: PathLike) -> Tuple[int, Optional[int], Space]:
             space = json_to_space(meta["space"], NumpyComputeBackend, None)
         except (ValueError, TypeError, KeyError) as exc:
             raise StorageFormatError(f"{meta_path}: the stored space is malformed: {exc}") from None
-        return count, meta.get("capacity", count), space
+        return count, count, space   # the capacity is the row count, as the reference gives it
     shapes = meta.get("column_shapes")
     dtypes = meta.get("column_dtypes")
     if not isinstance(shapes, dict):

@@ -292,9 +292,10 @@ class ParquetStorage(
     # ------------------------------------------------------------------ raw directories
     @staticmethod
     def build_space_from_parquet_file(path: PathLike) -> Tuple[int, Optional[int], Space]:
-        """`(count, capacity, space)` of a storage directory. Directories written by this library give back their
-        stored space and capacity; otherwise the space is inferred from the column dtypes and shapes (unbounded
-        Boxes, Binary for bool, Text for strings) and the capacity is the row count (as the reference does)."""
+        """`(count, capacity, space)` of a storage directory; the capacity is the row count (as the reference gives
+        it, also for unbounded storages). Directories written by this library give back their stored space;
+        otherwise the space is inferred from the column dtypes and shapes (unbounded Boxes, Binary for bool, Text for
+        strings)."""
         return directory_space(path)
 
     @staticmethod

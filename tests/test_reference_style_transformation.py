@@ -63,3 +63,26 @@ def test_subclass_with_neither_says_what_to_implement() -> None:
     with pytest.raises(NotImplementedError, match="neither from_json nor deserialize_from"):
         _Neither.from_json({})
     assert t == t and t != _Neither() and repr(t) == "_Neither(...)"
+
+
+def test_the_reference_serialization_calls() -> None:
+    """unienv 0.0.1b16's calls: `t.serialize(source_space=...)` gives the parameters without a type,
+    `transformation_to_json(t, source_space=...)` adds it, `json_to_transformation(js, source_space=...)` and
+    `type(t).deserialize_from(params, source_space)` rebuild it; the space utilities are importable from
+    `space_utils` and `Space` from `space.spaces`, as there."""
+    import numpy as np
+    from unienv_interface.backends.numpy import NumpyComputeBackend as B
+    from unienv_interface.space.space_utils import flatten_data, space_to_json, batch_space  # noqa: F401
+    from unienv_interface.space.spaces import BoxSpace, Space
+    from unienv_interface.transformations import (IdentityTransformation, json_to_transformation,
+                                                  transformation_to_json)
+    space = BoxSpace(B, -1.0, 1.0, np.float32, shape=(2,))
+    assert isinstance(space, Space)
+    t = IdentityTransformation()
+    params = t.serialize(source_space=space)
+    assert "type" not in params
+    js = transformation_to_json(t, source_space=space)
+    assert "type" in js
+    assert type(json_to_transformation(js, source_space=space)) is IdentityTransformation
+    assert type(IdentityTransformation.deserialize_from(params, space)) is IdentityTransformation
+    assert type(IdentityTransformation.deserialize_from(js)) is IdentityTransformation

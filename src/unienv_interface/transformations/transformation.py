@@ -84,14 +84,21 @@ class DataTransformation(ABC):
                                       "one to load it")
         return cls.deserialize_from(dict(params))
 
-    def serialize(self) -> Dict[str, Any]:
-        """`{"type": <registered name>, **parameters}` (see `transformation_to_json`)."""
-        return transformation_to_json(self)
+    def serialize(self, source_space: Optional[Any] = None) -> Dict[str, Any]:
+        """The parameters as a JSON-compatible dict, without the type name (as unienv 0.0.1b16's `serialize`; the
+        typed form is `transformation_to_json`). `source_space` is accepted and not needed."""
+        return self.to_json()
 
     @classmethod
-    def deserialize_from(cls, json_data: Mapping[str, Any], backend: Any = None, device: Any = None) -> "DataTransformation":
-        """Rebuilds a transformation written by `serialize`; the named type must be `cls` or a subclass of it."""
-        out = json_to_transformation(json_data, backend, device)
+    def deserialize_from(cls, json_data: Mapping[str, Any], source_space: Optional[Any] = None, backend: Any = None,
+                         device: Any = None) -> "DataTransformation":
+        """Rebuilds a transformation from `serialize()` output (its parameters) or from `transformation_to_json`
+        output (with a `type`, which must name `cls` or a subclass). Array parameters are built on `backend` /
+        `device`, by default those of `source_space` (the reference's signature: `deserialize_from(json_data,
+        source_space=None)`)."""
+        if "type" not in json_data:
+            return cls.from_json(json_data)
+        out = json_to_transformation(json_data, backend, device, source_space=source_space)
         if not isinstance(out, cls):
             raise TransformationFormatError(f"expected a {cls.__name__} description, got a {type(out).__name__}")
         return out
@@ -173,8 +180,9 @@ def resolve_transformation_class(name: Any) -> Type[DataTransformation]:
     return _REGISTRY.resolve(name)
 
 
-def transformation_to_json(transformation: DataTransformation) -> Dict[str, Any]:
-    """`{"type": <name>, **transformation.to_json()}`; the class must be registered (built-ins are)."""
+def transformation_to_json(transformation: DataTransformation, source_space: Optional[Any] = None) -> Dict[str, Any]:
+    """`{"type": <name>, **transformation.to_json()}`; the class must be registered (built-ins are). `source_space`
+    (the reference's signature) is accepted and not needed."""
     if not isinstance(transformation, DataTransformation):
         raise TypeError(f"expected a DataTransformation, got {type(transformation).__name__}")
     cls = type(transformation)
@@ -188,9 +196,10 @@ def transformation_to_json(transformation: DataTransformation) -> Dict[str, Any]
     return {"type": name, **params}
 
 
-def json_to_transformation(json_data: Mapping[str, Any], backend: Any = None, device: Any = None) -> DataTransformation:
-    """Rebuilds a transformation written by `transformation_to_json` (`backend` / `device` are accepted for
-    reference compatibility; the built-in transformations are backend-neutral and ignore them)."""
+def json_to_transformation(json_data: Mapping[str, Any], backend: Any = None, device: Any = None, *,
+                           source_space: Optional[Any] = None) -> DataTransformation:
+    """Rebuilds a transformation written by `transformation_to_json` (`backend` / `device` / `source_space` are
+    accepted for reference compatibility; the built-in transformations are backend-neutral and ignore them)."""
     depth = getattr(_STATE, "depth", 0)
     if depth >= MAX_DEPTH:
         raise TransformationFormatError(f"transformation JSON is nested deeper than {MAX_DEPTH} levels")

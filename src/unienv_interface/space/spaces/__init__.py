@@ -1,4 +1,7 @@
-"""The concrete space classes."""
+"""The concrete space classes (and, as in unienv 0.0.1b16, the `Space` base and `SpaceMetadata`, so that
+`from unienv_interface.space.spaces import *` brings every name a space annotation needs)."""
+from ..metadata import SpaceMetadata
+from ..space import Space
 from .batched import BatchedSpace
 from .binary import BinarySpace
 from .box import BoxSpace
@@ -6,4 +9,4 @@ from .dict import DictSpace
 from .text import TextSpace
 from .tuple import TupleSpace
 
-__all__ = ["BoxSpace", "BinarySpace", "DictSpace", "TupleSpace", "TextSpace", "BatchedSpace"]
+__all__ = ["Space", "SpaceMetadata", "BoxSpace", "BinarySpace", "DictSpace", "TupleSpace", "TextSpace", "BatchedSpace"]

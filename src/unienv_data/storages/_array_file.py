@@ -151,9 +151,18 @@ class ArrayBlock:
         return cls(mode, dtype, row_shape, rows, path=path, writable=writable, owner=False)
 
     @classmethod
-    def read_file(cls, path: str, dtype: np.dtype, row_shape: Tuple[int, ...], rows: int) -> "ArrayBlock":
-        """An in-RAM block holding a copy of the first `rows` rows of an existing raw file (read straight into the
-        block's array); StorageFormatError when the file is shorter."""
+    def read_file(cls, path: str, dtype: np.dtype, row_shape: Tuple[int, ...], rows: int,
+                  shared: bool = False) -> "ArrayBlock":
+        """An in-RAM block (a fresh shared-memory file when `shared`) holding a copy of the first `rows` rows of an
+        existing raw file, read straight into the block's array; StorageFormatError when the file is shorter."""
+        if shared:
+            block = cls.new_file(SHARED, None, dtype, row_shape, rows)
+            try:
+                read_rows_into(path, block.data)
+            except BaseException:
+                block.release()
+                raise
+            return block
         block = cls(RAM, dtype, row_shape, 0)
         data = _ram_array((rows,) + block.row_shape, block.dtype)
         read_rows_into(path, data)

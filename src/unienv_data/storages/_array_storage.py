@@ -49,17 +49,6 @@ def _check_capacity(capacity: Any) -> Optional[int]:
     return int(capacity)
 
 
-def _copy_of_file(path: str, dtype: np.dtype, shape: Tuple[int, ...], rows: int, shared: bool) -> ArrayBlock:
-    """An in-RAM block (shared memory when `shared`) holding the first `rows` rows of the data file at `path`."""
-    if not shared:
-        return ArrayBlock.read_file(path, dtype, shape, rows)
-    src = ArrayBlock.open_file(path, dtype, shape, rows, writable=False)
-    block = ArrayBlock.new_file(SHARED, None, dtype, shape, rows)
-    block.data[...] = src.data
-    src.release()
-    return block
-
-
 class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """Common implementation of the single-array storages (see the module docstring)."""
 
@@ -212,7 +201,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
             segments = None
         n_rows = cap if cap is not None else length
         if is_memmap is False:
-            block = _copy_of_file(path, dtype, shape, n_rows, multiprocessing)
+            block = ArrayBlock.read_file(path, dtype, shape, n_rows, shared=multiprocessing)
             st = cls(single_instance_space, block, cap, length, segments, read_only=read_only,
                      persistent_segments=segments is not None, source_file=path)
         else:
@@ -512,7 +501,7 @@ class ArrayStorageBase(LeafStorage[BatchT, BArrayType, BDeviceType, BDtypeType, 
                     self._block = ArrayBlock.open_file(path, old.dtype, old.row_shape, length,
                                                        writable=not self._read_only)
                 else:       # an in-RAM copy: copy the committed rows the file holds beyond its metadata too
-                    self._block = _copy_of_file(path, old.dtype, old.row_shape, length, old.mode == SHARED)
+                    self._block = ArrayBlock.read_file(path, old.dtype, old.row_shape, length, shared=old.mode == SHARED)
                     old.release()
             if length < self._length and not self._read_only:
                 self._block.data[length:self._length] = 0       # an uncommitted tail (the commit never happened)

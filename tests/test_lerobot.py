@@ -520,29 +520,36 @@ def test_convert_to_lerobot_opens_in_lerobot_with_equal_values(tmp_path: Path) -
         np.testing.assert_array_equal(theirs[cam], ours[cam], err_msg=cam)
 
 
-def test_convert_to_lerobot_maps_keys(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def _record_native(path: Path, space: Any, lengths: Any, make_row: Any) -> List[Any]:
+    """A native-layout buffer at `path` holding one episode per entry of `lengths`, step `t` of an `n`-step episode
+    being `make_row(t, n)`; dumped and closed. The rows, in order."""
     from unienv_data.cli.convert import storage_for_layout
     from unienv_data.replay_buffer import ReplayBuffer
+    cls, kw = storage_for_layout(space, "native")
+    rb = ReplayBuffer.create(cls, space, cache_path=str(path), capacity=None, **kw)
+    rows = []
+    for n in lengths:
+        for t in range(n):
+            row = make_row(t, n)
+            rows.append(row)
+            rb.append(row)
+        rb.mark_segment_end()
+    rb.dumps()
+    rb.close()
+    return rows
+
+
+def test_convert_to_lerobot_maps_keys(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from unienv_interface.space import BoxSpace, DictSpace
     B = NumpyComputeBackend
     space = DictSpace(B, {"obs": DictSpace(B, {"joints": BoxSpace(B, -1.0, 1.0, np.float32, shape=(3,)),
                                                 "cam": BoxSpace(B, 0, 255, np.uint8, shape=(16, 16, 3))}),
                           "act": BoxSpace(B, -1.0, 1.0, np.float64, shape=(2,)),
                           "grid": BoxSpace(B, 0.0, 1.0, np.float32, shape=(2, 2))})
-    cls, kw = storage_for_layout(space, "native")
-    rb = ReplayBuffer.create(cls, space, cache_path=str(tmp_path / "rb"), capacity=None, **kw)
     rng = np.random.default_rng(0)
-    rows = []
-    for ep_len in (5, 7):
-        for t in range(ep_len):
-            row = {"obs": {"joints": rng.uniform(-1, 1, 3).astype(np.float32),
-                           "cam": np.full((16, 16, 3), 20 * t, np.uint8)},
-                   "act": rng.uniform(-1, 1, 2), "grid": np.zeros((2, 2), np.float32)}
-            rows.append(row)
-            rb.append(row)
-        rb.mark_segment_end()
-    rb.dumps()
-    rb.close()
+    rows = _record_native(tmp_path / "rb", space, (5, 7), lambda t, n: {
+        "obs": {"joints": rng.uniform(-1, 1, 3).astype(np.float32), "cam": np.full((16, 16, 3), 20 * t, np.uint8)},
+        "act": rng.uniform(-1, 1, 2), "grid": np.zeros((2, 2), np.float32)})
     out = tmp_path / "lr"
     # a 2-D tabular key cannot become a LeRobot feature: the error names it and says what to do
     assert _cli("convert", tmp_path / "rb", out, "--to", "lerobot", "--fps", "5", "-q") == 1
@@ -627,7 +634,6 @@ def test_lerobot_round_trip_keeps_bounds_and_scalar_shapes(tmp_path: Path, capsy
     """`--to lerobot` then `--from lerobot`: the action's bounds and the scalar `done` come back as they were
     (meta/unienv_spaces.json, which lerobot 0.4.4 ignores while reading the same values); the export says its video
     is lossy and how to keep frames exact."""
-    from unienv_data.cli.convert import storage_for_layout
     from unienv_data.replay_buffer import ReplayBuffer
     from unienv_interface.space import BinarySpace, BoxSpace, DictSpace
     B = NumpyComputeBackend
@@ -636,19 +642,10 @@ def test_lerobot_round_trip_keeps_bounds_and_scalar_shapes(tmp_path: Path, capsy
                           "step": BoxSpace(B, 0, 100, np.int64, shape=()),
                           "done": BinarySpace(B, ()),
                           "camera": BoxSpace(B, 0, 255, np.uint8, shape=(32, 32, 3))})
-    cls, kw = storage_for_layout(space, "native")
-    rb = ReplayBuffer.create(cls, space, cache_path=str(tmp_path / "rb"), capacity=None, **kw)
     rng = np.random.default_rng(0)
-    rows = []
-    for ep_len in (6, 4):
-        for t in range(ep_len):
-            row = {"action": rng.uniform(-1, 1, 2).astype(np.float32), "reward": np.float32(t), "step": np.int64(t),
-                   "done": t == ep_len - 1, "camera": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)}
-            rows.append(row)
-            rb.append(row)
-        rb.mark_segment_end()
-    rb.dumps()
-    rb.close()
+    rows = _record_native(tmp_path / "rb", space, (6, 4), lambda t, n: {
+        "action": rng.uniform(-1, 1, 2).astype(np.float32), "reward": np.float32(t), "step": np.int64(t),
+        "done": t == n - 1, "camera": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)})
     lr, back = tmp_path / "lr", tmp_path / "back"
     capsys.readouterr()
     assert _cli("convert", tmp_path / "rb", lr, "--to", "lerobot", "--fps", "10", "-q") == 0

@@ -235,38 +235,54 @@ def test_share_work_runs_every_item_once_and_raises_errors() -> None:
         share_work(bad, list(range(20)), 3)
 
 
+_FORKED_READERS = r"""
+import os, sys
+import numpy as np
+from unienv_data.storages.video_storage import VideoStorage
+from unienv_interface.backends import NumpyComputeBackend as NB
+from unienv_interface.space import BoxSpace
+st = VideoStorage.create(BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3)), cache_path=sys.argv[1])
+noise = np.random.default_rng(0).integers(0, 256, (600, 64, 64, 3), dtype=np.uint8)   # files far above FFmpeg's
+for e in range(2):                                                                     # 32 KiB read buffer
+    st.mark_segment_start(e * 300)
+    for frame in noise[e * 300:(e + 1) * 300]:
+        st.append(frame)
+    st.mark_segment_end()
+want = st.get_numpy(np.arange(600))                 # the parent's decoders are now open
+pids = []
+for seed in (1, 2):
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(40):
+                rows = np.sort(rng.choice(600, 24, replace=False))
+                if not np.array_equal(st.get_numpy(rows), want[rows]):
+                    code = 1
+                    break
+        except BaseException:  # any failure is the child's exit status
+            code = 2
+        os._exit(code)
+    pids.append(pid)
+codes = [os.WEXITSTATUS(os.waitpid(pid, 0)[1]) for pid in pids]
+same = np.array_equal(st.get_numpy(np.arange(600)), want)      # the parent's decoders still read right
+st.close()
+print(codes, same)
+"""
+
+
 def test_forked_readers_never_share_the_parents_open_decoders(tmp_path: Any) -> None:
     """A parent that read frames (so its decoders are open) forks two readers, as a DataLoader with workers does.
     Each child reads many random frames at the same time as the other: an inherited decoder shares its file offset
     with the parent and the sibling, so it must never be used in a child (reads failed with 'the video ends before
-    frame N' or gave other frames)."""
+    frame N' or gave other frames). The parent is a fresh interpreter: forking the test runner itself (with its
+    own threads, e.g. pytest-xdist's) could leave a child waiting on a lock held at fork time."""
+    import subprocess
+    import sys
     _h264_or_skip()
-    space = BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3))
-    st = VideoStorage.create(space, cache_path=os.path.join(os.fspath(tmp_path), "v"))
-    noise = np.random.default_rng(0).integers(0, 256, (600, 64, 64, 3), dtype=np.uint8)   # files far above FFmpeg's
-    for e in range(2):                                                                     # 32 KiB read buffer
-        st.mark_segment_start(e * 300)
-        for frame in noise[e * 300:(e + 1) * 300]:
-            st.append(frame)
-        st.mark_segment_end()
-    want = st.get_numpy(np.arange(600))                 # the parent's decoders are now open
-    pids = []
-    for seed in (1, 2):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                rng = np.random.default_rng(seed)
-                for _ in range(40):
-                    rows = np.sort(rng.choice(600, 24, replace=False))
-                    if not np.array_equal(st.get_numpy(rows), want[rows]):
-                        code = 1
-                        break
-            except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-                code = 2
-            os._exit(code)
-        pids.append(pid)
-    codes = [os.WEXITSTATUS(os.waitpid(pid, 0)[1]) for pid in pids]
-    assert codes == [0, 0]
-    assert np.array_equal(st.get_numpy(np.arange(600)), want)      # the parent's decoders still read right
-    st.close()
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    run = subprocess.run([sys.executable, "-c", _FORKED_READERS, os.path.join(os.fspath(tmp_path), "v")],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": src})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[0, 0] True", run.stdout + run.stderr[-2000:]

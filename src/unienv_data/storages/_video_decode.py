@@ -244,6 +244,17 @@ _POOL_LOCK = threading.Lock()
 _POOL_PREFIX = "unienv-video-decode"
 
 
+def _forget_pool_after_fork() -> None:
+    """In a forked child: the parent's pool threads do not exist here, and `_POOL_LOCK` may have been held by one
+    of the parent's threads at fork time (it would never be released): start from a new lock and no pool."""
+    global _POOL, _POOL_PID, _POOL_SIZE, _POOL_LOCK
+    _POOL, _POOL_PID, _POOL_SIZE, _POOL_LOCK = None, -1, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _helpers(n: int) -> ThreadPoolExecutor:
     global _POOL, _POOL_PID, _POOL_SIZE
     with _POOL_LOCK:

@@ -860,3 +860,36 @@ def test_flattened_child_of_a_logging_dict_storage_keeps_no_log_of_its_own(tmp_p
     back = DictStorage.load_from(d, flat_space)
     assert back.episode_segments() == [(0, 0), (1, 1)]
     back.close()
+
+
+def test_flattened_log_replays_to_the_storage_state_at_every_step(tmp_path: Any) -> None:
+    """Through a ring that wraps many times (episodes clipped and dropped whole), the log read back after every
+    commit point is exactly the storage's length and segment list (whichever record each commit chose: one added
+    run or the whole list), and after every append it lists no row the open episode has written."""
+    from unienv_data.base.ring import ring_intervals
+    from unienv_data.storages._commit_log import read_log
+    space = _flat_ring_space()
+    path = str(tmp_path / "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
+    log = os.path.join(path, "flattened_commit.log")
+    rng = np.random.default_rng(3)
+    pos = 0
+    for e in range(60):
+        n = int(rng.integers(1, 9))
+        st.mark_segment_start(pos % RING)
+        for t in range(n):
+            st.append({"obs": np.array([e, t, n], np.float32), "x": np.float32(t)})
+            logged = read_log(log, RING)
+            if logged is not None:
+                written = {r for lo, hi in ring_intervals(pos % RING, t + 1, RING) for r in range(lo, hi)}
+                listed = {r for s, k in logged[1] for lo, hi in ring_intervals(s, k, RING) for r in range(lo, hi)}
+                assert not written & listed, (e, t, logged)
+        st.mark_segment_end()
+        pos += n
+        seg_log = st.segment_log()
+        assert seg_log is not None
+        assert read_log(log, RING) == (len(st), [tuple(r) for r in seg_log.to_json()])
+    with open(log, "rb") as f:
+        kinds = {line.split(b'"t":"')[1][:3] for line in f.read().splitlines()}
+    assert {b"bas", b"add", b"seg"} <= kinds
+    st.close()

@@ -245,6 +245,9 @@ class LeafCommitLog:
         before = self._logged_runs
         if runs == before:
             self._file.append({"t": "len", "len": length})
+        elif before is not None and len(runs) == len(before) + 1 and runs[:-1] == before:
+            # the new run clipped no older one: `SegmentLog.add` replays it to this list (no replay needed here)
+            self._file.append({"t": "add", "len": length, "run": runs[-1]})
         else:
             replay = SegmentLog(self._capacity, [(r[0], r[1]) for r in before or []])
             if runs:

@@ -10,7 +10,8 @@ an episode is 100 steps (append per step, `mark_segment_end()` per episode) into
              the image is promoted to float32, 4x its bytes)
 
 Each configuration records the same episodes twice per repeat, durable (the default: every ended episode rewrites
-the buffer's metadata.json and each memory-mapped leaf's `.meta.json`) and not (`buffer.durable = False`; one
+the buffer's metadata.json and appends one record to the storage's commit log, `dict_commit.log` /
+`flattened_commit.log`, for the memory-mapped leaves) and not (`buffer.durable = False`; one
 `flush()` at the end, counted), alternating which goes first; each run gets a new directory. Reported: the median
 time per episode of each, their ratio (target: durable <= 1.05x), and the median time of one commit point
 (`mark_segment_end()`) with durability. The commit point writes a few small files (create + write + rename each),

@@ -192,6 +192,18 @@ def test_checker_detects_a_lost_episode(server: Any, tmp_path: Any, kind: str) -
     """Dropping the newest segment from the metadata makes `verify` report a lost committed episode."""
     t = _finished_trial(server, os.fspath(tmp_path / "x"), kind, 3)
     main = t["spec"]["main"]
+    log = os.path.join(main if kind == "flat" else os.path.join(main, "storage"), "flattened_commit.log")
+    if kind in ("flat", "rb"):
+        # a FlattenedStorage on disk commits into its commit log, which a reopen takes over the sidecar's list:
+        # the log is what must lose the newest segment
+        from unienv_data.storages._commit_log import LogFile, read_log
+        logged = read_log(log, t["plan"]["capacity"])
+        assert logged is not None and logged[1], logged
+        LogFile(log).compact(logged[0], logged[1][:-1])
+        problems = cc.verify(t["plan"], main, t["spec"]["snap"], t["res"])
+        assert any("lost" in p for p in problems), problems
+        # without a log the sidecar's list counts (the trials flush after every commit, so it is current too)
+        os.unlink(log)
     if kind in ck.KINDS:
         meta_path, key = ck.segment_list_file(kind, main)
     elif kind == "rb":

@@ -594,3 +594,302 @@ def test_growable_native_layout_survives_sigkill_from_outside(tmp_path: Any) -> 
                     np.testing.assert_array_equal(np.asarray(rows["image"])[:, 0, 0, 0], (e * 41 + t) % 256)
             finally:
                 rb.close()
+
+
+# ------------------------------------------------------------------ a FlattenedStorage on disk: its commit log
+# The recording process: a ReplayBuffer over FlattenedStorage on a memory-mapped inner storage (a ring of RING rows,
+# smaller than the steps recorded), ENDED episodes of FLAT_LENS[e] steps (appended and ended, or through a segment
+# writer; a line "ENDED e" after each commit point), then PARTIAL steps of one more, then SIGKILL (no close, no
+# flush, no atexit).
+FLAT_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from unienv_data.replay_buffer import ReplayBuffer
+    from unienv_data.storages.flattened import FlattenedStorage
+    from unienv_interface.backends import NumpyComputeBackend as NB
+    from unienv_interface.space import BoxSpace, DictSpace
+    path, inner, ring, ended, partial = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    lens, how = [int(n) for n in sys.argv[6].split(",")], sys.argv[7]
+    if inner == "torch":
+        import torch
+        from unienv_data.storages.pytorch import PytorchTensorStorage
+        from unienv_interface.backends.pytorch import PyTorchComputeBackend as B
+        cls, kw, f32, arr = PytorchTensorStorage, {"is_memmap": True}, torch.float32, torch.tensor
+    else:
+        from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
+        B, cls, kw, f32, arr = NB, NumpyMemmapStorage, {}, np.float32, np.array
+    space = DictSpace(B, {"obs": BoxSpace(B, 0, 1000, f32, shape=(3,)), "x": BoxSpace(B, 0, 1e6, f32, shape=())})
+    rb = ReplayBuffer.create(FlattenedStorage, space, cls, cache_path=path, capacity=ring, **kw)
+    step = lambda e, t, n: {"obs": arr([e, t, n], dtype=f32), "x": arr(1000 * e + t, dtype=f32)}
+    for e in range(ended):
+        w = rb.open_segment_writer() if how == "writer" else rb
+        for t in range(lens[e]):
+            w.append(step(e, t, lens[e]))
+        rb.commit_segment(w) if how == "writer" else rb.mark_segment_end()
+        os.write(1, b"ENDED %d\\n" % e)
+    for t in range(partial):
+        rb.append(step(ended, t, lens[ended]))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+FLAT_LENS = [5, 7, 3, 6, 4, 8, 5, 2, 7, 6, 3, 5]
+RING = 16
+
+
+def _flat_ring_space() -> DictSpace:
+    return DictSpace(NB, {"obs": BoxSpace(NB, 0, 1000, np.float32, shape=(3,)),
+                          "x": BoxSpace(NB, 0, 1e6, np.float32, shape=())})
+
+
+def _flat_ring_step(e: int, t: int) -> dict:
+    return {"obs": np.array([e, t, FLAT_LENS[e]], np.float32), "x": np.float32(1000 * e + t)}
+
+
+def _listed_episodes(rb: ReplayBuffer) -> list:
+    """`(episode, first step, last step)` of every listed segment, checking that its rows are consecutive steps of
+    one recorded episode with the values that episode wrote."""
+    found = []
+    for s, end in rb.episode_segments() or []:
+        rows = rb.get_at(np.arange(s, end))
+        obs, x = np.asarray(rows["obs"]), np.asarray(rows["x"])
+        e = int(obs[0, 0])
+        t = np.arange(int(obs[0, 1]), int(obs[0, 1]) + (end - s))
+        want = np.stack([np.full(len(t), e), t, np.full(len(t), FLAT_LENS[e])], axis=1).astype(np.float32)
+        np.testing.assert_array_equal(obs, want)
+        np.testing.assert_array_equal(x, (1000 * e + t).astype(np.float32))
+        found.append((e, int(t[0]), int(t[-1])))
+    return found
+
+
+def _copy_without(path: str, dst: str, name: str) -> str:
+    shutil.copytree(path, dst)
+    os.unlink(os.path.join(dst, "storage", name))
+    return dst
+
+
+@pytest.mark.parametrize("inner,how,ended,partial", [("numpy", "append", 2, 0), ("numpy", "append", 7, 0),
+                                                     ("numpy", "writer", 7, 0), ("numpy", "append", 6, 3),
+                                                     ("numpy", "writer", 9, 4), ("torch", "append", 8, 5)])
+def test_flattened_ring_survives_sigkill_through_its_commit_log(tmp_path: Any, inner: str, how: str, ended: int,
+                                                                 partial: int) -> None:
+    """A ReplayBuffer over FlattenedStorage on a memory-mapped ring, SIGKILLed in a real subprocess after `ended`
+    episodes (appended, or committed through a segment writer; and `partial` steps of the next one): the commit points went to `flattened_commit.log`, the inner
+    storage's own `.meta.json` is as `create` wrote it (stale: without the log the episodes are gone), and the
+    reopen lists exactly what the same buffer in memory lists after the same ended episodes (whole or clipped by
+    the wrap; an episode whose rows the killed episode started overwriting may be dropped whole), with the values
+    recorded. `unienv-data verify` passes and says the state comes from the log; a writable reopen records on and
+    its close leaves a compacted log and a sidecar that alone describe the storage."""
+    import json
+
+    from unienv_data.cli.verify import verify
+    from unienv_data.inspect import walk
+    if inner == "torch":
+        require_module("torch", "torch")
+    path = str(tmp_path / "rb")
+    lens = ",".join(map(str, FLAT_LENS))
+    proc = subprocess.run([sys.executable, "-c", FLAT_CHILD, path, inner, str(RING), str(ended), str(partial), lens,
+                           how], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().split() == [w for e in range(ended) for w in ("ENDED", str(e))]
+    storage = os.path.join(path, "storage")
+    with open(os.path.join(storage, "inner_storage.memmap.meta.json")) as f:
+        assert json.load(f)["segments"] == []           # not rewritten at any commit point: the log holds them
+    with open(os.path.join(storage, "flattened_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) >= ended       # a base record, then one line per commit (or drop)
+
+    # the same ended episodes in memory: what the killed buffer committed
+    mem = ReplayBuffer.create(FlattenedStorage, _flat_ring_space(), NumpyMemmapStorage, capacity=RING)
+    for e in range(ended):
+        for t in range(FLAT_LENS[e]):
+            mem.append(_flat_ring_step(e, t))
+        mem.mark_segment_end()
+    committed = _listed_episodes(mem)
+    mem.close()
+    assert sum(FLAT_LENS[:ended]) <= RING or len(committed) < ended     # the ring wrapped where it should
+
+    rb = ReplayBuffer.load_from(path, backend=NB)
+    try:
+        got = _listed_episodes(rb)
+    finally:
+        rb.close()
+    if partial == 0:
+        assert got == committed
+    else:
+        # the killed episode's rows [written, written + partial) were being written over the oldest rows: episodes
+        # holding none of them are listed as committed, the others may be gone (never torn, never half-listed)
+        written = sum(FLAT_LENS[:ended])
+        starts = np.cumsum([0] + FLAT_LENS[:ended])
+        untouched = [c for c in committed if starts[c[0]] + c[1] >= written + partial - RING]
+        assert set(untouched) <= set(got) <= set(committed), (got, committed)
+        assert all(e != ended for e, _a, _b in got)
+    assert got, "nothing was committed"
+
+    # without the log, the inner storage's stale sidecar lists no episode: the log was needed
+    bare = ReplayBuffer.load_from(_copy_without(path, str(tmp_path / "bare"), "flattened_commit.log"), backend=NB)
+    try:
+        assert not bare.episode_segments()
+    finally:
+        bare.close()
+
+    report = verify(path)
+    assert report["ok"], report["problems"]
+    notes = [n for node in walk(path).iter() for n in node.notes]
+    assert any("flattened_commit.log" in n and "newer than its own metadata file" in n for n in notes), notes
+
+    # recording goes on after a writable reopen; its close compacts the log and writes the sidecar
+    rb = ReplayBuffer.load_from(path, backend=NB, read_only=False)
+    for e in (ended + 1, ended + 2):
+        for t in range(FLAT_LENS[e]):
+            rb.append(_flat_ring_step(e, t))
+        rb.mark_segment_end()
+    after = _listed_episodes(rb)
+    assert [e for e, _a, _b in after][-2:] == [ended + 1, ended + 2]
+    rb.close()
+    with open(os.path.join(storage, "flattened_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) == 1
+    bare = ReplayBuffer.load_from(_copy_without(path, str(tmp_path / "bare2"), "flattened_commit.log"), backend=NB)
+    try:
+        assert _listed_episodes(bare) == after              # the sidecar alone describes the storage again
+    finally:
+        bare.close()
+    assert verify(path)["ok"]
+
+
+def test_flattened_close_compacts_its_log_and_dumps_elsewhere_carry_none(tmp_path: Any) -> None:
+    """A FlattenedStorage's commit points append to its log; `flush()` and `close()` write the inner storage's own
+    metadata and compact the log to one record, so that file alone describes the storage; a dump into another
+    directory leaves no log there (a stale one there is removed) and opens with the same episodes."""
+    import json
+
+    from unienv_data.storages._commit_log import read_log
+    space = _flat_ring_space()
+    path = str(tmp_path / "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
+    log, side = os.path.join(path, "flattened_commit.log"), os.path.join(path, "inner_storage.memmap.meta.json")
+    assert not os.path.exists(log)                  # written at the first commit point
+    pos = 0
+    for e in range(5):                              # 25 steps through a ring of 16
+        st.mark_segment_start(pos % RING)
+        for t in range(FLAT_LENS[e]):
+            st.append(_flat_ring_step(e, t))
+        st.mark_segment_end()
+        pos += FLAT_LENS[e]
+    segs = st.episode_segments()
+    with open(log, "rb") as f:
+        assert len(f.read().splitlines()) >= 5
+    with open(side) as f:
+        assert json.load(f)["segments"] == []
+    st.flush()
+    with open(log, "rb") as f:
+        assert len(f.read().splitlines()) == 1
+    with open(side) as f:
+        meta = json.load(f)
+    assert read_log(log, RING) == (meta["length"], [tuple(r) for r in meta["segments"]])
+    # a dump into another directory that holds a stale log: the log goes, the files describe the dump
+    other = str(tmp_path / "other")
+    os.makedirs(other)
+    with open(os.path.join(other, "flattened_commit.log"), "wb") as f:
+        f.write(b"not a log\n")
+    st.dumps(other)
+    assert not os.path.exists(os.path.join(other, "flattened_commit.log"))
+    st.mark_segment_start(pos % RING)
+    for t in range(FLAT_LENS[5]):
+        st.append(_flat_ring_step(5, t))
+    st.mark_segment_end()
+    final = st.episode_segments()
+    st.close()
+    with open(log, "rb") as f:
+        assert len(f.read().splitlines()) == 1
+    os.unlink(log)                                   # the sidecar alone describes the closed storage
+    back = FlattenedStorage.load_from(path, space)
+    assert back.episode_segments() == final
+    back.close()
+    dumped = FlattenedStorage.load_from(other, space)
+    assert dumped.episode_segments() == segs
+    dumped.close()
+
+
+def test_flattened_child_of_a_logging_dict_storage_keeps_no_log_of_its_own(tmp_path: Any) -> None:
+    """In the native layout the DictStorage's log holds its FlattenedStorage children's state: no
+    `flattened_commit.log` is ever written in their directories (one commit record per episode), and a
+    FlattenedStorage with a log of its own that a logging DictStorage takes as a child hands it over (its file goes,
+    the DictStorage's log records the commits)."""
+    space = DictSpace(NB, {**_space().spaces, "reward": BoxSpace(NB, -10, 10, np.float32, shape=())})
+    steps = lambda e: [{**s, "reward": np.float32(e)} for s in _steps(e)]   # noqa: E731
+    path = str(tmp_path / "rb")
+    rb = ReplayBuffer.create(DictStorage, space, cache_path=path, capacity=50, **native_layout_kwargs(space))
+    for e in range(3):
+        for s in steps(e):
+            rb.append(s)
+        rb.mark_segment_end()
+    flat_dirs = [os.path.join(path, "storage", rel) for key, rel in rb.storage.storage_paths.items()
+                 if isinstance(rb.storage.storages[key], FlattenedStorage)]
+    assert flat_dirs
+    assert not any(os.path.exists(os.path.join(d, "flattened_commit.log")) for d in flat_dirs)
+    with open(os.path.join(path, "storage", "dict_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) == 4              # base + one record per episode
+    rb.close()
+    rb = ReplayBuffer.load_from(path, backend=NB, read_only=False)
+    for s in steps(3):
+        rb.append(s)
+    rb.mark_segment_end()
+    assert not any(os.path.exists(os.path.join(d, "flattened_commit.log")) for d in flat_dirs)
+    rb.close()
+
+    # a FlattenedStorage that kept its own log, taken over by a DictStorage that keeps one
+    flat_space = DictSpace(NB, {"obs": space["obs"], "reward": space["reward"]})
+    d = str(tmp_path / "dict")
+    os.makedirs(d)
+    flat = FlattenedStorage.create(flat_space, NumpyMemmapStorage, capacity=20, cache_path=os.path.join(d, "obs"))
+    flat.mark_segment_start(0)
+    flat.append({"obs": np.zeros(3, np.float32), "reward": np.float32(0)})
+    flat.mark_segment_end()
+    own = os.path.join(d, "obs", "flattened_commit.log")
+    assert os.path.exists(own)
+    st = DictStorage(flat_space, {"*": flat}, storage_paths={"*": "obs"}, cache_filename=d, owns_children=True,
+                     commit_log=True)
+    st.write_metadata(d)
+    assert not os.path.exists(own)
+    st.mark_segment_start(1)
+    st.append({"obs": np.ones(3, np.float32), "reward": np.float32(1)})
+    st.mark_segment_end()
+    assert not os.path.exists(own)
+    with open(os.path.join(d, "dict_commit.log"), "rb") as f:
+        assert len(f.read().splitlines()) == 2
+    st.close()
+    assert not os.path.exists(own)
+    back = DictStorage.load_from(d, flat_space)
+    assert back.episode_segments() == [(0, 0), (1, 1)]
+    back.close()
+
+
+def test_flattened_log_replays_to_the_storage_state_at_every_step(tmp_path: Any) -> None:
+    """Through a ring that wraps many times (episodes clipped and dropped whole), the log read back after every
+    commit point is exactly the storage's length and segment list (whichever record each commit chose: one added
+    run or the whole list), and after every append it lists no row the open episode has written."""
+    from unienv_data.base.ring import ring_intervals
+    from unienv_data.storages._commit_log import read_log
+    space = _flat_ring_space()
+    path = str(tmp_path / "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
+    log = os.path.join(path, "flattened_commit.log")
+    rng = np.random.default_rng(3)
+    pos = 0
+    for e in range(60):
+        n = int(rng.integers(1, 9))
+        st.mark_segment_start(pos % RING)
+        for t in range(n):
+            st.append({"obs": np.array([e, t, n], np.float32), "x": np.float32(t)})
+            logged = read_log(log, RING)
+            if logged is not None:
+                written = {r for lo, hi in ring_intervals(pos % RING, t + 1, RING) for r in range(lo, hi)}
+                listed = {r for s, k in logged[1] for lo, hi in ring_intervals(s, k, RING) for r in range(lo, hi)}
+                assert not written & listed, (e, t, logged)
+        st.mark_segment_end()
+        pos += n
+        seg_log = st.segment_log()
+        assert seg_log is not None
+        assert read_log(log, RING) == (len(st), [tuple(r) for r in seg_log.to_json()])
+    with open(log, "rb") as f:
+        kinds = {line.split(b'"t":"')[1][:3] for line in f.read().splitlines()}
+    assert {b"bas", b"add", b"seg"} <= kinds
+    st.close()

@@ -197,6 +197,14 @@ def remove_quietly(path: Optional[PathLike]) -> None:
         pass
 
 
+def remove_if_present(path: PathLike) -> None:
+    """Removes the file at `path` when there is one (any other error is raised: the file must go)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def temporary_path(final: PathLike) -> str:
     """A fresh hidden temporary file name next to `final` (same directory, so a rename replaces `final` atomically):
     `.<name>.<random>.tmp`, which every reader of a dataset directory ignores."""

@@ -288,9 +288,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
     def on_segment_committed(self) -> None:
         """Hook, a commit point (called by `mark_segment_end` and by a segment writer's `commit`, after
         `record_segment`): durable storages persist the segment now (`persist_committed`). A composite storage
-        overrides it to make one commit point of its children's."""
+        overrides it to make one commit point of its children's. When an owner's commit log holds this storage's
+        state and listens for its commits (`commit_listener`), the listener is called instead: it records the
+        commit."""
         if self._durable:
-            self.persist_committed()
+            listener = self.commit_listener
+            if listener is not None:
+                listener(self)
+            else:
+                self.persist_committed()
 
     def persist_committed(self) -> None:
         """Hook (called at commit points, by `bulk()` and by owners): persists committed rows and segments (default: `flush()`, when the storage is open and
@@ -492,14 +498,21 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             if log.version != before:
                 self.on_segments_dropped()
 
-    #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s commit log):
-    #: called with this storage instead of rewriting its own metadata when segments are dropped
+    #: set by an owner that persists this storage's state in its own commit record (`DictStorage`'s and
+    #: `FlattenedStorage`'s commit log): called with this storage instead of rewriting its own metadata when
+    #: segments are dropped
     drop_listener: Optional[Callable[["SpaceStorage"], None]] = None
+    #: set by an owner whose commit log holds this storage's state and that does not see this storage's commit points
+    #: itself (`FlattenedStorage`: `mark_segment_end` and segment writers reach its inner storage): called with this
+    #: storage at a durable commit point (`on_segment_committed`) instead of `persist_committed()`
+    commit_listener: Optional[Callable[["SpaceStorage"], None]] = None
 
     def commit_log_leaf(self) -> Optional["SpaceStorage"]:
         """The storage whose state (length and segment list) an owner's commit log may hold for this one: a storage
-        whose only per-commit metadata is that state, and which can take it back with `adopt_committed`. None
-        (the default): the storage persists its commits itself."""
+        whose only per-commit metadata is that state, and which can take it back with `adopt_committed` (it calls
+        `drop_listener` when set, instead of persisting dropped segments itself, and keeps the default
+        `on_segment_committed`, which calls `commit_listener`). None (the default): the storage persists its commits
+        itself."""
         return None
 
     def adopt_committed(self, length: int, runs: List[Tuple[int, int]], where: str) -> None:

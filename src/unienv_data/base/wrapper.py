@@ -12,7 +12,7 @@ from unienv_interface.space import Space
 
 from .errors import StorageFormatError, StorageNotFoundError
 from .files import (PathLike, atomic_write_json, check_format_version, check_no_interrupted_dump, confined_path,
-                    dump_transaction, read_json, require_fields)
+                    dump_transaction, read_json, remove_if_present, require_fields)
 from .forwarding import forwarded
 from .registry import resolve_storage_class
 from .segment_writer import MappedSegmentWriter, SegmentWriter
@@ -43,6 +43,9 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
     owns_inner_storage: bool = False
     #: name of the metadata file written next to the inner storage (set by each subclass)
     metadata_file: str = ""
+    #: files a subclass keeps next to its metadata that describe its own directory only (a commit log): a dump into
+    #: another directory removes them there, so they never describe the dumped inner storage
+    local_state_files: Tuple[str, ...] = ()
 
     def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage,
                  inner_storage_path: Union[str, PathLike], cache_filename: Optional[Union[str, PathLike]] = None) -> None:
@@ -140,15 +143,20 @@ class WrappedStorage(SpaceStorage[BatchT, BArrayType, BDeviceType, BDtypeType, B
         directory this runs inside a dump marker, so a dump killed halfway leaves a directory that refuses to load."""
         self._check_open()
         inner_path = os.path.join(os.fspath(path), os.fspath(self.inner_storage_path))
-        own = self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
-            os.fspath(self._cache_filename))
-        if own:
+        if self._is_own_directory(path):
             self.inner_storage.dumps(inner_path)
             self.write_metadata(path)
             return
         with dump_transaction(path, directory=True):
+            for name in self.local_state_files:
+                remove_if_present(os.path.join(os.fspath(path), name))
             self.inner_storage.dumps(inner_path)
             self.write_metadata(path)
+
+    def _is_own_directory(self, path: Union[str, PathLike]) -> bool:
+        """Whether `path` is this storage's own directory (its `cache_filename`)."""
+        return self._cache_filename is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(
+            os.fspath(self._cache_filename))
 
     def close(self) -> None:
         """Closes the inner storage if this object created or loaded it; idempotent."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.ring import run_length
-from unienv_data.storages._dict_commit_log import LOG_FILE, read_log
+from unienv_data.storages._commit_log import DICT_LOG_FILE, FLATTENED_LOG_FILE, read_log
 
 from ._fill_leaves import _apply_generic_meta, _fill_array, _fill_generic, _fill_hdf5, _fill_image, _fill_video
 from ._metadata import _inside, _int_or_none, _read_meta, _short
@@ -207,7 +207,7 @@ def _fill_dict(root: str, node: StorageNode, meta: Dict[str, Any], space_json: O
     for c in node.children:
         if node.capacity is not None and c.capacity is not None and c.capacity != node.capacity:
             node.problems.append(f"{c.rel}: capacity {c.capacity} differs from the DictStorage's {node.capacity}")
-    _apply_commit_log(root, node)
+    _apply_commit_log(root, node, DICT_LOG_FILE, node.children)
     lengths = {c.length for c in node.children if c.length is not None}
     node.length = lengths.pop() if len(lengths) == 1 else node.length
     if len(lengths) > 1:
@@ -221,9 +221,10 @@ _WRAPPER_KINDS = ("FlattenedStorage", "TransformedStorage", "ToBackendOrDeviceSt
 
 
 def _log_chain(node: StorageNode) -> List[StorageNode]:
-    """The nodes from a DictStorage child down to the storage whose state the DictStorage's commit log holds (the
-    metadata-side view of `SpaceStorage.commit_log_leaf`: an array file whose sidecar keeps a segment list, under
-    any wrappers); empty when the child persists its state itself (video, images, HDF5)."""
+    """The nodes from a DictStorage child (or a FlattenedStorage's inner storage) down to the storage whose state the
+    owner's commit log holds (the metadata-side view of `SpaceStorage.commit_log_leaf`: an array file whose sidecar
+    keeps a segment list, under any wrappers); empty when the child persists its state itself (video, images,
+    HDF5)."""
     chain = [node]
     while node.kind in _WRAPPER_KINDS and node.children:
         node = node.children[0]
@@ -233,11 +234,12 @@ def _log_chain(node: StorageNode) -> List[StorageNode]:
     return []
 
 
-def _apply_commit_log(root: str, node: StorageNode) -> None:
-    """Takes the committed length and segments from the DictStorage's commit log onto the children it holds them
-    for, as `DictStorage.load_from` does (after a crash the log is newer than those children's own files). The log
-    is read by the storages' own reader (`_dict_commit_log.read_log`); a damaged log is recorded as a problem."""
-    rel = os.path.normpath(os.path.join(node.rel, LOG_FILE))
+def _apply_commit_log(root: str, node: StorageNode, log_file: str, children: List[StorageNode]) -> None:
+    """Takes the committed length and segments from the commit log `log_file` of a DictStorage or FlattenedStorage
+    onto the children it holds them for, as their `load_from` does (after a crash the log is newer than those
+    children's own files). The log is read by the storages' own reader (`_commit_log.read_log`); a damaged log is
+    recorded as a problem."""
+    rel = os.path.normpath(os.path.join(node.rel, log_file))
     full = os.path.join(root, rel)
     if not os.path.isfile(full):
         return
@@ -251,7 +253,7 @@ def _apply_commit_log(root: str, node: StorageNode) -> None:
         return
     length, runs = logged
     newer = False
-    for child in node.children:
+    for child in children:
         chain = _log_chain(child)
         if not chain:
             continue
@@ -269,8 +271,10 @@ def _apply_commit_log(root: str, node: StorageNode) -> None:
             inner = wrapper.children[0]
             wrapper.length, wrapper.runs = inner.length, inner.runs
     if newer:
-        node.notes.append(f"{rel}: the children's length and segments come from this commit log, newer than their "
-                          "own metadata files (the storage was not closed)")
+        whose = ("the children's", "their own metadata files") if node.kind == "DictStorage" else (
+            "the inner storage's", "its own metadata file")
+        node.notes.append(f"{rel}: {whose[0]} length and segments come from this commit log, newer than {whose[1]} "
+                          "(the storage was not closed)")
 
 
 def _fill_flattened(root: str, node: StorageNode, meta: Dict[str, Any], space_json: Optional[Dict[str, Any]]) -> None:
@@ -290,6 +294,7 @@ def _fill_flattened(root: str, node: StorageNode, meta: Dict[str, Any], space_js
     _child(root, node, meta.get("inner_storage_type"), meta.get("inner_storage_path"), "inner storage", None,
            node.prefix, flat_json)
     if node.children:
+        _apply_commit_log(root, node, FLATTENED_LOG_FILE, node.children[:1])
         inner = node.children[0]
         node.length = inner.length
         node.capacity = node.capacity if node.capacity is not None else inner.capacity

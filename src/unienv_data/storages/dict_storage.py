@@ -40,18 +40,17 @@ import numpy as np
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, PathLike, atomic_write_json, check_format_version,
                                     check_no_interrupted_dump, confined_path, dump_transaction, read_json,
-                                    require_fields)
+                                    remove_if_present, require_fields)
 from unienv_data.base.indexing import is_single_index, normalize_index
 from unienv_data.base.registry import register_storage, resolve_storage_class, storage_type_name
 from unienv_data.base.segment_writer import SegmentWriter
-from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage
 from unienv_interface.space import DictSpace, Space, TupleSpace
 from unienv_interface.space.space_utils import batch_utils
 from unienv_interface.space.space_utils.flatten_utils import flatten_data, flatten_space, unflatten_data
 from unienv_interface.space.space_utils.serialization_utils import space_to_json
 
-from ._dict_commit_log import COMPACT_BYTES, LOG_FILE, CommitLog, read_log
+from ._commit_log import DICT_LOG_FILE, LeafCommitLog, adopt_log
 from ._dict_routing import (assembler, check_stored_space, child_relative_path, describe_space, extractor, join_path,
                             route_space)
 from ._dict_staging import Commit, DictSegmentWriter, Stager, StructureCheck, children_commit, run_all
@@ -80,7 +79,7 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
     returns the child storage of a storage-map key. Closing closes the children this object created or loaded
     (`owns_children=True`, which `create` / `load_from` pass); garbage collection never closes children. With
     `commit_log=True` (`create` / `load_from` in one process) a writable storage with a `cache_filename` keeps one
-    commit record for the children whose only per-commit state is their length and segments (`_dict_commit_log`).
+    commit record for the children whose only per-commit state is their length and segments (`_commit_log`).
     Pickles (for worker processes) by pickling its children.
     """
 
@@ -136,8 +135,7 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
         for r, child in zip(routes, children):
             if not isinstance(r.space, (DictSpace, TupleSpace)):     # one leaf: errors name its key path
                 child.set_value_label(f"key {join_path(r.leaves[0] if r.leaves else r.root, nested_separator)!r}")
-        self._log: Optional[CommitLog] = None        # the commit log (see `_dict_commit_log`), when writing one
-        self._logged_runs: Optional[List[List[int]]] = None
+        self._log: Optional[LeafCommitLog] = None    # the commit log (see `_commit_log`), when writing one
         self._compile()
         if commit_log:
             self._start_log()
@@ -260,12 +258,10 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
                 children[r.key] = child_cls.load_from(
                     full, r.space, capacity=capacity, read_only=read_only, multiprocessing=multiprocessing,
                     **cls._merged_kwargs(r.key, child_cls, kwargs, type_kwargs, key_kwargs))
-            logged = read_log(os.path.join(path, LOG_FILE), stored_cap if "capacity" in meta else None)
-            if logged is not None:          # newer than the log children's own files after a crash: it wins
-                for key, c in children.items():
-                    leaf = c.commit_log_leaf()
-                    if leaf is not None:
-                        leaf.adopt_committed(logged[0], logged[1], f"{os.path.join(path, LOG_FILE)} (child {key!r})")
+            log_path = os.path.join(path, DICT_LOG_FILE)    # newer than its leaves' own files after a crash: it wins
+            adopt_log(log_path, stored_cap if "capacity" in meta else None,
+                      [(f"{log_path} (child {key!r})", leaf) for key, leaf in
+                       ((key, c.commit_log_leaf()) for key, c in children.items()) if leaf is not None])
             committed = _committed_children_length(children)
             if committed is not None and all(c.is_mutable for c in children.values()):
                 for c in children.values():     # a writable open trims the uncommitted tail
@@ -515,7 +511,8 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
     def persist_committed(self) -> None:
         for c in self._storages:          # the children hold the rows and the segments; this metadata is static
             c.persist_committed()
-        self._compact_log()
+        if self._log is not None:
+            self._log.compact()
 
     def on_segment_committed(self) -> None:
         """The commit point of a segment recorded in every child: children that persist themselves do so, then
@@ -529,67 +526,20 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
         for c in self._storages:
             if c.commit_log_leaf() is None:
                 c.persist_committed()
-        self._log_commit()
+        self._log.record_commit()
 
-    # ------------------------------------------------------------------ commit log (see _dict_commit_log)
+    # ------------------------------------------------------------------ commit log (see _commit_log)
     def _log_leaves(self) -> List[SpaceStorage]:
         return [leaf for leaf in (c.commit_log_leaf() for c in self._storages) if leaf is not None]
 
     def _start_log(self) -> None:
         """Starts the commit log of a writable storage in its own directory (when a child can use it): the base
-        record is the current state, and the children's dropped segments are recorded in it from now on."""
+        record is the current state, and the children's dropped segments are recorded in it from now on (a log a
+        child keeps of its own for the same leaf is retired: this one holds the leaf's state)."""
         leaves = self._log_leaves()
         if self._cache_filename is None or not leaves or not self.is_mutable:
             return
-        self._log = CommitLog(os.path.join(os.fspath(self._cache_filename), LOG_FILE))
-        for leaf in leaves:
-            leaf.drop_listener = self._log_drop
-        self._compact_log()
-
-    def _leaf_state(self) -> Tuple[int, List[List[int]]]:
-        leaf = self._log_leaves()[0]
-        seg_log = leaf.segment_log()
-        return len(leaf), (seg_log.to_json() if seg_log is not None else [])
-
-    def _log_drop(self, child: SpaceStorage) -> None:
-        """A child dropped segments (their rows are about to be overwritten): the first child to do so records the
-        shorter list, before any child overwrites a row."""
-        log = self._log
-        seg_log = child.segment_log()
-        if log is None or seg_log is None:
-            return
-        runs = seg_log.to_json()
-        if runs != self._logged_runs:
-            log.append({"t": "segs", "len": len(child), "runs": runs})
-            self._logged_runs = runs
-
-    def _log_commit(self) -> None:
-        log = self._log
-        if log is None:
-            return
-        length, runs = self._leaf_state()
-        before = self._logged_runs
-        if runs == before:
-            log.append({"t": "len", "len": length})
-        else:
-            replay = SegmentLog(self.capacity, [(r[0], r[1]) for r in before or []])
-            if runs:
-                replay.add(*runs[-1])
-            if before is not None and runs and replay.to_json() == runs:
-                log.append({"t": "add", "len": length, "run": runs[-1]})
-            else:
-                log.append({"t": "segs", "len": length, "runs": runs})
-        self._logged_runs = runs
-        if log.size > COMPACT_BYTES:
-            log.compact(length, [(a, b) for a, b in runs])
-
-    def _compact_log(self) -> None:
-        """Replaces the log with the current state (after the children wrote their own files)."""
-        if self._log is None or self._closed:
-            return
-        length, runs = self._leaf_state()
-        self._log.compact(length, [(a, b) for a, b in runs])
-        self._logged_runs = runs
+        self._log = LeafCommitLog(self._cache_filename, DICT_LOG_FILE, leaves)
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer holding one writer per child; `commit(start)` commits every child at `start`."""
@@ -641,7 +591,8 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
                 flush()
         if self._cache_filename is not None and self.is_mutable:
             self.write_metadata(self._cache_filename)
-            self._compact_log()
+            if self._log is not None:
+                self._log.compact()
 
     def dumps(self, path: PathLike) -> None:
         """Makes `path`, dumps every child to `<path>/<child path>`, then writes the metadata (atomically). A dump
@@ -653,13 +604,12 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
             self.write_metadata(path)
-            self._compact_log()
+            if self._log is not None:
+                self._log.compact()
             return
         with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
-            try:        # a log left by an earlier storage in that directory must not describe the dumped children
-                os.unlink(os.path.join(os.fspath(path), LOG_FILE))
-            except FileNotFoundError:
-                pass
+            # a log left by an earlier storage in that directory must not describe the dumped children
+            remove_if_present(os.path.join(os.fspath(path), DICT_LOG_FILE))
             for r, c in zip(self._routes, self._storages):
                 c.dumps(os.path.join(os.fspath(path), self._paths[r.key]))
             self.write_metadata(path)
@@ -669,18 +619,13 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
         if self._closed:
             return
         log, self._log = self._log, None
-        state = self._leaf_state() if log is not None and not any(c.is_closed for c in self._storages) else None
-        for leaf in self._log_leaves() if log is not None else []:
-            leaf.drop_listener = None
         self._closed = True
-        try:
-            if self._owns_children:
-                _close_all(self._storages)      # each child writes its own metadata file
-        finally:
-            if log is not None:
-                log.close()
-        if log is not None and state is not None and self._owns_children:
-            log.compact(state[0], [(a, b) for a, b in state[1]])   # the children's files describe them again
+        # each child writes its own metadata file; then the log is compacted: the children's files describe them
+        close_children = partial(_close_all, self._storages) if self._owns_children else None
+        if log is not None:
+            log.close(close_children, compact=self._owns_children)
+        elif close_children is not None:
+            close_children()
 
     def __getstate__(self) -> Dict[str, Any]:
         self._check_open()

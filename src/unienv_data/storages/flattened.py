@@ -21,6 +21,7 @@ from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, same_space_json, space_to_json
 
 from ._array_storage import ArrayStorageBase, sidecar_path
+from ._commit_log import FLATTENED_LOG_FILE, LeafCommitLog, adopt_log
 from ._flat_layout import FlatRowPlan
 
 METADATA_FILE = "flattened_metadata.json"
@@ -90,10 +91,19 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
     * `load_from(path, space)` needs no capacity, and checks the stored layout (keys, dtypes, shapes, bounds)
       against the given space, naming what differs;
     * closing or garbage-collecting a FlattenedStorage built around an existing inner storage never closes that
-      inner storage; `close()` closes only an inner storage it created or loaded itself.
+      inner storage; `close()` closes only an inner storage it created or loaded itself;
+    * on disk, a commit point is one line appended to `flattened_commit.log` in its directory, not a rewrite of the
+      inner storage's metadata file: after `start_commit_log()` (`create` / `load_from` call it in one process) a
+      writable storage with a `cache_filename` over an inner storage whose only per-commit state is its length and
+      segments (a memory-mapped array storage) keeps that state in the log (see `_commit_log`); `flush()`,
+      `close()` and `dumps()` into its directory write the inner storage's own metadata and compact the log, so
+      the files alone describe the storage again. The file is written at the first commit point: as the child
+      of a `DictStorage` that keeps a commit log, the DictStorage's log holds that state instead and this one is
+      never written.
     """
 
     metadata_file = METADATA_FILE
+    local_state_files = (FLATTENED_LOG_FILE,)
 
     def __init__(self, single_instance_space: Space, inner_storage: SpaceStorage, inner_storage_path: Union[str, PathLike],
                  cache_filename: Optional[Union[str, PathLike]] = None) -> None:
@@ -125,6 +135,7 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             # the per-step hot path: the plan's compiled check-and-write of one sample into the inner storage's next
             # row, bound to this inner storage and installed over the `append` method (removed again by `close`)
             self.append = make_append(inner_storage)  # type: ignore[method-assign,assignment]
+        self._log: Optional[LeafCommitLog] = None      # the commit log (see `start_commit_log`), when keeping one
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -139,9 +150,12 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         """
         plan = _plan_for(single_instance_space)
         _warn_promotion(plan)
-        return cls._create_wrapped((single_instance_space,), inner_storage_cls, plan.flat_space, args,
-                                   {**kwargs, **inner_storage_kwargs}, capacity=capacity, cache_path=cache_path,
-                                   multiprocessing=multiprocessing)
+        st = cls._create_wrapped((single_instance_space,), inner_storage_cls, plan.flat_space, args,
+                                 {**kwargs, **inner_storage_kwargs}, capacity=capacity, cache_path=cache_path,
+                                 multiprocessing=multiprocessing)
+        if not multiprocessing:
+            st.start_commit_log()
+        return st
 
     @classmethod
     def load_from(cls, path: Union[str, PathLike], single_instance_space: Space, *, capacity: Optional[int] = None,
@@ -150,6 +164,8 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
 
         The stored layout is checked against `single_instance_space` (ValueError naming each difference); the
         capacity comes from the files (a `capacity` argument must agree). Extra kwargs go to the inner `load_from`.
+        The inner storage takes the committed length and segments from `flattened_commit.log` when there is one
+        (after a crash it is newer than the inner storage's own metadata).
         """
         path, meta, meta_path, inner_cls, inner_full, version = cls._open_stored(path, "FlattenedStorage")
         plan = _plan_for(single_instance_space)
@@ -193,8 +209,19 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             if problem is not None:
                 inner.close()
                 raise StorageFormatError(f"{path}: {problem}; the directory is damaged (restore it from a copy)")
-        return cls._adopt((single_instance_space,), inner, meta["inner_storage_path"],
-                          path if inner.cache_filename is not None else None)
+        leaf = inner.commit_log_leaf()
+        if leaf is not None:
+            log_path = os.path.join(path, FLATTENED_LOG_FILE)
+            try:
+                adopt_log(log_path, inner.capacity, [(log_path, leaf)])
+            except BaseException:
+                inner.close()
+                raise
+        st = cls._adopt((single_instance_space,), inner, meta["inner_storage_path"],
+                        path if inner.cache_filename is not None else None)
+        if not multiprocessing:
+            st.start_commit_log()
+        return st
 
     # ------------------------------------------------------------------ delegated properties
 
@@ -279,9 +306,48 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             self.inner_storage.append(self.backend.from_numpy(row, dtype=self._plan.flat_space.dtype, device=self.device))
 
     def close(self) -> None:
-        """Closes the storage (and the inner storage when this storage created or loaded it). Idempotent."""
+        """Closes the storage (and the inner storage when this storage created or loaded it, which writes its own
+        metadata; then the commit log is compacted). Idempotent."""
         self.__dict__.pop("append", None)   # the compiled appender (see __init__): `append` now refuses
-        super().close()
+        log, self._log = self._log, None
+        if log is None:
+            super().close()
+        else:
+            log.close(super().close, compact=self.owns_inner_storage)
+
+    # ------------------------------------------------------------------ commit points (see _commit_log)
+    def start_commit_log(self) -> None:
+        """Keeps the commit points in `flattened_commit.log` from now on (see the class docstring), when this
+        storage is open, writable, has a `cache_filename`, and its inner storage keeps nothing but its length and
+        segments per commit (`commit_log_leaf()`); otherwise, or when it keeps one already, does nothing. One
+        process only: pickled copies keep none. The file is written at the first commit point (or drop of a
+        segment), so a `DictStorage` that takes this storage as a child and keeps its own log (which then holds
+        the inner storage's state) leaves no file of this one."""
+        leaf = self.inner_storage.commit_log_leaf()
+        if (self._log is not None or self._closed or leaf is None or self.cache_filename is None
+                or not self.is_mutable):
+            return
+        self._log = LeafCommitLog(os.fspath(self.cache_filename), FLATTENED_LOG_FILE, [leaf], lazy=True,
+                                  listen_commits=True)
+
+    def persist_committed(self) -> None:
+        super().persist_committed()
+        if self._log is not None:
+            self._log.compact()
+
+    def flush(self) -> None:
+        """Makes committed rows and segments durable in the cache directory (the inner storage's data, then its own
+        metadata and this storage's), then compacts the commit log."""
+        super().flush()
+        if self._log is not None:
+            self._log.compact()
+
+    def dumps(self, path: Union[str, PathLike]) -> None:
+        """Writes the inner storage to `<path>/<inner_storage_path>`, then the metadata (atomically); into its own
+        directory, then compacts the commit log (another directory gets no log: its files describe it)."""
+        super().dumps(path)
+        if self._log is not None and self._is_own_directory(path):
+            self._log.compact()
 
     def open_segment_writer(self) -> SegmentWriter:
         """A writer whose appended samples are checked and flattened at once and written on `commit(start)`."""

@@ -893,3 +893,33 @@ def test_flattened_log_replays_to_the_storage_state_at_every_step(tmp_path: Any)
         kinds = {line.split(b'"t":"')[1][:3] for line in f.read().splitlines()}
     assert {b"bas", b"add", b"seg"} <= kinds
     st.close()
+
+
+def test_flattened_commit_log_is_never_written_through_a_link(tmp_path: Any) -> None:
+    """A commit log replaced by a symbolic link (to a file outside the dataset) is never written through: the file
+    it points to is left as it was (the link is replaced by the log, or appending through it is a
+    StorageFormatError naming it); a log replaced by a directory is a StorageFormatError when the storage is
+    opened."""
+    from unienv_data.base.errors import StorageFormatError
+    space = _flat_ring_space()
+    path = str(tmp_path / "flat")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
+    log = os.path.join(path, "flattened_commit.log")
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"precious\n")
+    os.symlink(outside, log)
+    for e in range(3):
+        st.mark_segment_start(e)
+        st.append(_flat_ring_step(e, 0))
+        try:
+            st.mark_segment_end()
+        except StorageFormatError as exc:
+            assert "symbolic link" in str(exc)
+            os.unlink(log)
+    assert outside.read_bytes() == b"precious\n"
+    assert not os.path.islink(log)
+    st.close()
+    os.unlink(log)
+    os.makedirs(log)
+    with pytest.raises(StorageFormatError, match="not a plain file"):
+        FlattenedStorage.load_from(path, space, read_only=False)

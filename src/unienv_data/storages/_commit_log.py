@@ -29,6 +29,7 @@ a log taking a leaf over retires the log that held it (its file is removed).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import zlib
@@ -62,6 +63,9 @@ def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
             data = f.read()
     except FileNotFoundError:
         return None
+    except (IsADirectoryError, NotADirectoryError) as exc:
+        raise StorageFormatError(f"{path} is not a plain file ({exc.strerror}): the commit log is damaged; restore "
+                                 "the dataset from a copy") from None
     length: Optional[int] = None
     log = SegmentLog(capacity)
     for i, raw in enumerate(data.split(b"\n")):
@@ -115,7 +119,18 @@ class LogFile:
     def append(self, record: Dict[str, Any]) -> None:
         """Appends one record (fsync'ed when durable, see `base.files.set_durable`)."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides
+            # the umask decides the mode; never through a link (nothing outside the dataset may change)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+            try:
+                self._fd = os.open(self.path, flags, 0o666)
+            except (IsADirectoryError, NotADirectoryError) as exc:
+                raise StorageFormatError(f"{self.path} is not a plain file ({exc.strerror}): the commit log is "
+                                         "damaged; restore the dataset from a copy") from None
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise StorageFormatError(f"{self.path} is a symbolic link: a commit log is never written through "
+                                         "one; remove the link") from None
             self._size = os.fstat(self._fd).st_size
         line = _line(record)
         os.write(self._fd, line)

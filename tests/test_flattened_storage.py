@@ -621,3 +621,57 @@ def test_damaged_metadata_fields_raise_storage_format_errors_naming_the_file(tmp
     json.dump(meta, open(os.path.join(d, file), "w"))
     exc = expect_error((StorageFormatError,), FlattenedStorage.load_from, d, space)
     assert file in str(exc)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_leaf_columns_read_only_their_columns_and_equal_whole_rows(tmp_path: Any, backend: str) -> None:
+    """`get_column(key)` of a FlattenedStorage reads a leaf from its own columns of the flat rows (the windows over
+    a flattened buffer read 16 actions per item through it: 0.1 ms per batch instead of 730 ms of whole rows of a
+    camera frame); its values, dtypes and backend equal those of whole-sample reads, for nested and bool leaves,
+    negative indices, through a wrapped ring buffer; it is read-only and refuses out-of-range rows."""
+    from unienv_data.base.errors import ReadOnlyStorageError
+    from unienv_data.batches import WindowDataset
+    from unienv_data.replay_buffer import ReplayBuffer
+    B = NB if backend == "numpy" else TB
+    dt = (lambda n: np.dtype(n)) if backend == "numpy" else (lambda n: getattr(torch, n))
+    space = DictSpace(B, {"obs": DictSpace(B, {"img": BoxSpace(B, 0, 255, dt("uint8"), shape=(4, 4, 3)),
+                                               "pos": BoxSpace(B, -10.0, 10.0, dt("float32"), shape=(2,))}),
+                          "action": BoxSpace(B, -1.0, 1.0, dt("float32"), shape=(3,)),
+                          "done": BinarySpace(B, shape=())})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlattenPromotionWarning)
+        rb = ReplayBuffer.create(FlattenedStorage, space, inner_storage_cls=NumpyMemmapStorage if backend == "numpy"
+                                 else PytorchTensorStorage, cache_path=str(tmp_path / "rb"), capacity=20)
+    rng = np.random.default_rng(0)
+    for e in range(6):                                   # 30 steps through a ring of 20: the buffer has wrapped
+        for t in range(5):
+            step = {"obs": {"img": rng.integers(0, 256, (4, 4, 3)).astype(np.uint8),
+                            "pos": rng.uniform(-10, 10, 2).astype(np.float32)},
+                    "action": rng.uniform(-1, 1, 3).astype(np.float32), "done": np.bool_(t == 4)}
+            rb.append(step if backend == "numpy" else
+                      {"obs": {k: torch.from_numpy(np.asarray(v)) for k, v in step["obs"].items()},
+                       "action": torch.from_numpy(step["action"]), "done": torch.tensor(bool(step["done"]))})
+        rb.mark_segment_end()
+    idx = np.array([0, 3, 19, -1, -20, 7, 7])
+    whole = rb.get_at(idx)
+    for key, want in ((["obs", "img"], whole["obs"]["img"]), (["obs", "pos"], whole["obs"]["pos"]),
+                      ("action", whole["action"]), ("done", whole["done"])):
+        col = rb.get_column(key)
+        got = col.get_at(idx)
+        assert type(got) is type(want) and got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    st = rb.storage
+    leaf = st.get_column("action")
+    with pytest.raises(ReadOnlyStorageError, match="read-only"):
+        leaf.set(np.array([0]), whole["action"][:1])
+    with pytest.raises(IndexError, match="out of range"):
+        leaf.get(np.array([20]))
+    with pytest.raises(NotImplementedError):
+        st.get_column("obs")                            # a subtree: whole rows
+    ds = WindowDataset(rb, {"obs/img": [-1, 0], "action": range(4)}, pad=True)
+    items = np.arange(len(ds))
+    got = ds.__getitems__(items)
+    rows = rb.get_at(np.arange(len(rb)))
+    frames = np.asarray(got["obs/img"])[:, 1]
+    np.testing.assert_array_equal(frames, np.asarray(rows["obs"]["img"])[np.asarray(got["index"])])
+    rb.close()

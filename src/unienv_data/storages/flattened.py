@@ -22,6 +22,7 @@ from unienv_interface.space.space_utils.serialization_utils import json_to_space
 
 from ._array_storage import ArrayStorageBase, sidecar_path
 from ._commit_log import FLATTENED_LOG_FILE, LeafCommitLog, adopt_log
+from ._flat_column import FlatLeafColumn
 from ._flat_layout import FlatRowPlan
 
 METADATA_FILE = "flattened_metadata.json"
@@ -254,6 +255,19 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
             rows = inner.get_numpy(index)
             return unpack(rows) if rows.ndim == 2 else self._plan.unpack(rows, to_backend=True)
         return self._plan.unpack(self._rows_numpy(index), to_backend=True)
+
+    def get_column(self, nested_keys: Any) -> FlatLeafColumn:
+        """A read-only column of one leaf (a key, or a sequence of keys for a nested leaf) that reads only that
+        leaf's columns of the flat rows (`FlatLeafColumn`): a `ReplayBuffer`'s `get_column`, and the windows and
+        samplers that read chosen keys, then copy a few bytes per row instead of whole rows.
+        NotImplementedError for a text leaf, a subtree, or an inner storage that is not an in-process array
+        storage (callers then read whole rows)."""
+        self._check_open()
+        column = FlatLeafColumn.find(self, self.inner_storage, self._plan, nested_keys)
+        if column is None:
+            raise NotImplementedError(f"FlattenedStorage has no column view of {nested_keys!r} (a text leaf, a "
+                                      "subtree, or an inner storage that is not an array storage)")
+        return column
 
     def get_flattened(self, index: Any) -> Any:
         """The flat row(s) at `index` (a copy, never a view into the storage)."""

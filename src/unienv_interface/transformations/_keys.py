@@ -114,15 +114,19 @@ class KeyTree:
             node.whole = True
         return tree
 
-    def include(self, root: Any, sep: str, missing_ok: bool, prefix: Tuple[str, ...] = ()) -> Any:
-        """The part of `root` the keys name (whole sub-trees for whole keys), in `root`'s key order."""
+    def _entries(self, root: Any, sep: str, missing_ok: bool, prefix: Tuple[str, ...]) -> Mapping[str, Any]:
+        """The entries of `root` (at `prefix`), checked to hold this node's keys unless `missing_ok`."""
         entries = children(root)
         if entries is None:
-            raise _not_a_dict(root, prefix + (next(iter(self.below)),), len(prefix), sep,
-                              isinstance(root, Space))
+            raise _not_a_dict(root, prefix + (next(iter(self.below)),), len(prefix), sep, isinstance(root, Space))
         for part in self.below:
             if part not in entries and not missing_ok:
                 raise _missing(root, prefix + (part,), len(prefix), sep)
+        return entries
+
+    def include(self, root: Any, sep: str, missing_ok: bool, prefix: Tuple[str, ...] = ()) -> Any:
+        """The part of `root` the keys name (whole sub-trees for whole keys), in `root`'s key order."""
+        entries = self._entries(root, sep, missing_ok, prefix)
         items = {}
         for part, value in entries.items():
             sub = self.below.get(part)
@@ -133,13 +137,7 @@ class KeyTree:
 
     def exclude(self, root: Any, sep: str, missing_ok: bool, prefix: Tuple[str, ...] = ()) -> Any:
         """`root` without the keys (a whole key removes its sub-tree)."""
-        entries = children(root)
-        if entries is None:
-            raise _not_a_dict(root, prefix + (next(iter(self.below)),), len(prefix), sep,
-                              isinstance(root, Space))
-        for part in self.below:
-            if part not in entries and not missing_ok:
-                raise _missing(root, prefix + (part,), len(prefix), sep)
+        entries = self._entries(root, sep, missing_ok, prefix)
         items = {}
         for part, value in entries.items():
             sub = self.below.get(part)

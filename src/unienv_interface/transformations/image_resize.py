@@ -39,7 +39,9 @@ def resize_taps(n_in: int, n_out: int) -> Tuple[np.ndarray, np.ndarray]:
     weight /= weight.sum(axis=1, keepdims=True)
     index = np.clip(index, 0, n_in - 1)
     used = weight.any(axis=0)
-    return np.ascontiguousarray(index[:, used]), np.ascontiguousarray(weight[:, used])
+    index, weight = np.ascontiguousarray(index[:, used]), np.ascontiguousarray(weight[:, used])
+    index.flags.writeable = weight.flags.writeable = False      # shared by every caller (cached)
+    return index, weight
 
 
 def _compute_dtype(name: str) -> str:

@@ -105,8 +105,8 @@ class RescaleTransformation(DataTransformation):
         return per_space(self._cache, source_space, self._plan)[0]  # type: ignore[no-any-return]
 
     def _plan(self, source_space: Space) -> Tuple[Any, ...]:
-        """`(target space, a, b, map low, map high, nan_to, integer target)` for a source space; ValueError /
-        TypeError when the map does not apply."""
+        """`(target space, a, b, map low, map high, nan_to, integer bounds or None)` for a source space (the
+        constants as Python floats or float64 backend arrays); ValueError / TypeError when the map does not apply."""
         sp = self._check_source(source_space)
         b = sp.backend
         shape = tuple(sp.shape)

@@ -264,8 +264,7 @@ def test_transformation_that_does_not_apply_is_refused() -> None:
     exc = expect_error((ValueError,), TransformedStorage.create, unbounded, NumpyMemmapStorage,
                        data_transformation=RescaleTransformation(), capacity=2)
     assert "finite" in str(exc)
-    ints = BoxSpace(NB, 0, 10, np.int32, shape=(3,))
-    expect_error((TypeError,), TransformedStorage.create, ints, NumpyMemmapStorage,
+    expect_error((TypeError,), TransformedStorage.create, BinarySpace(NB, (3,)), NumpyMemmapStorage,
                  data_transformation=RescaleTransformation(), capacity=2)
     # rounding into integers would read back values outside [0.3, 254.6]: the inverse does not map onto the space
     odd = BoxSpace(NB, 0.3, 254.6, np.float32, shape=(2,))
@@ -430,7 +429,10 @@ def test_hostile_or_wrong_metadata_fields(tmp_path: Any, field: str, value: Any)
     {"type": "RescaleTransformation", "new_low": "abc", "new_high": 1.0},
     {"type": "RescaleTransformation", "new_low": 1.0, "new_high": -1.0},
     {"type": "RescaleTransformation", "new_low": -1.0, "new_high": 1.0, "surprise": 1},
-    {"type": "RescaleTransformation", "new_low": -1.0, "new_high": 1.0, "new_dtype": "int8"},
+    {"type": "RescaleTransformation", "new_low": -1.0, "new_high": 1.0, "new_dtype": "complex64"},
+    {"type": "RescaleTransformation", "new_low": {"scalar": False, "value": [1], "backend": "os.system"},
+     "new_high": 1.0},
+    {"type": "RescaleTransformation", "new_low": -1.0, "new_high": 1.0, "nan_to": float("nan")},
     {"type": "DtypeTransformation", "dtype": "uint8", "rounding": "stochastic"},
     {"type": "ChainedTransformation", "transformations": {"not": "a list"}},
 ])
@@ -571,14 +573,19 @@ def test_rescale_checks_its_input_and_parameters() -> None:
     expect_error((ValueError,), t.transform, space, np.zeros(4, np.float32))
     expect_error((TypeError,), t.transform, space, "text")
     expect_error((ValueError,), t.transform, space, np.array([0, 0, 2 ** 25 + 1], np.int64))
-    expect_error((ValueError,), RescaleTransformation, 1.0, 1.0)
+    expect_error((ValueError,), RescaleTransformation, 1.0, 0.5)
     expect_error((ValueError,), RescaleTransformation, -INF, 1.0)
-    expect_error((ValueError,), RescaleTransformation, 0.0, 1.0, np.int8)
+    expect_error((ValueError,), RescaleTransformation, 0.0, 1.0, np.complex64)
+    expect_error((ValueError,), RescaleTransformation, 0.0, 1.0, nan_to=float("nan"))
     expect_error((ValueError,), RescaleTransformation, [0.0, 0.5], [1.0, 2.0, 3.0])
     expect_error((ValueError,), RescaleTransformation(np.arange(4) * 0.1, 1.0).get_target_space_from_source, space)
     expect_error((ValueError,), t.direct_inverse)
     expect_error((TypeError,), t.get_target_space_from_source, BinarySpace(NB, (3,)))
-    expect_error((ValueError,), t.get_target_space_from_source, BoxSpace(NB, [-1.0, 0.0, 0.0], [1.0, 0.0, 1.0], np.float32))
+    # an element whose source bounds are equal maps to new_low (the reference's rule), and back onto its one value
+    flat = BoxSpace(NB, [-1.0, 0.0, 0.0], [1.0, 0.0, 1.0], np.float32)
+    assert t.transform(flat, np.array([1.0, 0.0, 0.5], np.float32)).tolist() == [10.0, 0.0, 5.0]
+    back = t.direct_inverse(flat).transform(t.get_target_space_from_source(flat), np.array([10.0, 0.0, 5.0], np.float32))
+    assert back.tolist() == [1.0, 0.0, 0.5]
     # torch data on a torch space, batched with extra leading axes or through a batch-of-one space
     tspace = BoxSpace(TB, -1.0, 1.0, torch.float32, shape=(3,))
     batch = torch.tensor([[1.0, 0.5, -1.0], [0.0, 0.25, 1.0]])

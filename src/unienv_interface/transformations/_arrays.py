@@ -8,7 +8,7 @@ Computation uses the backend's Array-API namespace, so arrays stay on their devi
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -150,8 +150,9 @@ def box_bounds(space: BoxSpace) -> Tuple[Any, Any]:
     return lo, hi
 
 
-def check_bounds(space: BoxSpace, arr: Any, who: str) -> None:
-    """ValueError naming the first value outside `[low, high]` (NaN never lies inside a bounded box)."""
+def check_bounds(space: BoxSpace, arr: Any, who: str, allow_nan: bool = False) -> None:
+    """ValueError naming the first value outside `[low, high]` (NaN never lies inside a bounded box, unless
+    `allow_nan`: then NaN passes, for a transformation that replaces it)."""
     lo, hi = box_bounds(space)
     if lo is None:
         return
@@ -160,6 +161,8 @@ def check_bounds(space: BoxSpace, arr: Any, who: str) -> None:
         dev = b.device(arr)
         lo, hi = b.to_device(lo, dev), b.to_device(hi, dev)
     ok = b.logical_and(arr >= lo, arr <= hi)
+    if allow_nan and b.dtype_is_real_floating(arr.dtype):
+        ok = b.logical_or(ok, b.isnan(arr))
     if all_true(b, ok):
         return
     pos, val = _first_false(b, arr, ok)
@@ -178,30 +181,118 @@ def require_box(space: Any, who: str) -> BoxSpace:
     return space
 
 
-def params_array(value: Any, what: str) -> np.ndarray:
-    """A finite float64 parameter array (scalar, nested list, NumPy or backend array); axes along which it is
-    constant are collapsed to size 1 (the rank, and so the broadcasting, is kept)."""
+def _foreign_to_numpy(value: Any) -> Any:
+    """A torch / JAX array as a NumPy array; anything else unchanged."""
     if type(value).__module__.split(".")[0] in ("torch", "jax", "jaxlib"):
         from unienv_interface.backends import get_backend_from_tensor
-        value = get_backend_from_tensor(value).to_numpy(value)
-    if isinstance(value, (bool, np.bool_)):
+        return get_backend_from_tensor(value).to_numpy(value)
+    return value
+
+
+def param_dtype(value: Any) -> Optional[str]:
+    """The dtype name of an array parameter (NumPy, torch or JAX array; 0-d arrays included), None for a Python
+    number or a list: what `RescaleTransformation` promotes the source dtype with, as the reference does."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or isinstance(value, np.generic):
+        return None
+    from unienv_interface.backends.serialization import serialize_dtype
+    try:
+        return serialize_dtype(dtype)
+    except (TypeError, ValueError):
+        return None
+
+
+def params_array(value: Any, what: str, allow_inf: bool = False) -> np.ndarray:
+    """A float64 parameter array (scalar, nested list, NumPy or backend array), finite unless `allow_inf` (NaN is
+    always refused); axes along which it is constant are collapsed to size 1 (the rank, and so the broadcasting,
+    is kept)."""
+    value = _foreign_to_numpy(value)
+    if isinstance(value, (bool, np.bool_)) or getattr(value, "dtype", None) == np.bool_:
         raise TypeError(f"{what} must be a number or an array of numbers, got {value!r}")
     try:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"{what} must be a number or an array of numbers, got {str(value)[:80]}") from None
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{what} must be finite, got {arr.tolist()}")
+    if np.any(np.isnan(arr)) or not (allow_inf or np.all(np.isfinite(arr))):
+        raise ValueError(f"{what} must be {'a number (not NaN)' if allow_inf else 'finite'}, got {arr.tolist()}")
     for axis in range(arr.ndim):
         if arr.shape[axis] > 1:
             first = np.take(arr, [0], axis=axis)
             if np.array_equal(arr, np.broadcast_to(first, arr.shape)):
                 arr = first
-    return np.ascontiguousarray(arr)
+    return arr if arr.ndim == 0 else np.ascontiguousarray(arr)   # (ascontiguousarray makes a 0-d array 1-d)
 
 
 def params_to_json(arr: np.ndarray) -> Any:
     return arr.item() if arr.ndim == 0 else arr.tolist()
+
+
+#: the keys of the reference's JSON payload for a number or an array parameter
+_PAYLOAD_KEYS = ("scalar", "value", "backend", "dtype")
+
+
+def param_payload(arr: Optional[np.ndarray], dtype: Optional[str]) -> Optional[Dict[str, Any]]:
+    """A parameter in the reference's JSON form: `{"scalar": true, "value": x, "backend": null}` for a number,
+    `{"scalar": false, "value": [...], "backend": "numpy", "dtype": dtype}` for an array (`dtype` None: given as a
+    list, promoted like a Python number); None stays None."""
+    if arr is None:
+        return None
+    if dtype is None and arr.ndim == 0:
+        return {"scalar": True, "value": arr.item(), "backend": None}
+    return {"scalar": False, "value": arr.tolist(), "backend": "numpy", "dtype": dtype}
+
+
+def typed_param(values: Any, dtype: Optional[str]) -> Any:
+    """A parameter as given: a NumPy array of `dtype` (a dtype NumPy lacks, bfloat16, becomes float32), or for
+    `dtype` None a Python number / nested list (promoted like a Python number)."""
+    if dtype is None:
+        return values.tolist() if isinstance(values, np.ndarray) else values
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        np_dtype = np.dtype(np.float32)
+    return np.array(values, dtype=np_dtype)
+
+
+def param_from_json(value: Any, what: str) -> Any:
+    """A parameter read from JSON (see `typed_param` for what comes back): the reference's payload (see
+    `param_payload`; its backend name is checked, never imported) or a plain number / nested list (this project's
+    earlier form)."""
+    if not isinstance(value, Mapping):
+        return value
+    unknown = sorted(set(value) - set(_PAYLOAD_KEYS))
+    if unknown or "value" not in value:
+        raise ValueError(f"{what}: expected a number, a list or an object with keys {list(_PAYLOAD_KEYS)} (and "
+                         f"'value'), got keys {sorted(value)}")
+    backend, dtype = value.get("backend"), value.get("dtype")
+    if backend is not None and backend not in ("numpy", "pytorch", "jax"):
+        raise ValueError(f"{what}: unknown backend {backend!r}; expected 'numpy', 'pytorch', 'jax' or null")
+    if value.get("scalar", False):
+        v = value["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{what}: a scalar payload holds a number, got {v!r}")
+        return v
+    if dtype is None:
+        return value["value"]
+    name = dtype.replace("torch.", "") if isinstance(dtype, str) else ""
+    if dtype_kind(name) not in "iuf":
+        raise ValueError(f"{what}: an array payload's dtype must name a real integer or float dtype, got {dtype!r}")
+    try:
+        return typed_param(value["value"], name)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{what}: an array payload holds numbers, got {str(value['value'])[:80]}") from None
+
+
+def per_space(cache: Dict[int, Tuple[Any, Any]], space: Any, build: Any, size: int = 16) -> Any:
+    """`build(space)`, remembered in `cache` for the last `size` spaces (by identity: spaces are immutable)."""
+    hit = cache.get(id(space))
+    if hit is not None and hit[0] is space:
+        return hit[1]
+    value = build(space)
+    if len(cache) >= size:
+        cache.pop(next(iter(cache)))
+    cache[id(space)] = (space, value)
+    return value
 
 
 def prefixed(exc: Exception, prefix: str) -> Exception:

@@ -1,4 +1,4 @@
-"""`RescaleTransformation`: the affine map of a bounded float Box onto new bounds."""
+"""`RescaleTransformation`: the affine map of a bounded Box onto new bounds."""
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -6,26 +6,30 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from unienv_interface.space import BoxSpace, Space
-from unienv_interface.space.dtype_facts import dtype_kind
+from unienv_interface.space.dtype_facts import dtype_kind, int_range
 
-from ._arrays import check_bounds, coerce, dtype_name, params_array, params_to_json, require_box
+from ._arrays import (check_bounds, coerce, dtype_name, param_dtype, param_from_json, param_payload, params_array,
+                      params_to_json, per_space, require_box, typed_param)
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 
 _WHO = "RescaleTransformation"
 
 
-def _float_dtype_name(dtype: Any) -> Optional[str]:
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """The name of a real integer or float `new_dtype` (None stays None)."""
     if dtype is None:
         return None
     if isinstance(dtype, str):
         name = dtype.replace("torch.", "")
     else:
         from unienv_interface.backends.serialization import serialize_dtype
-        name = serialize_dtype(dtype)
-    if dtype_kind(name) != "f":
-        raise ValueError(f"{_WHO} produces floating-point values, so new_dtype must be a float dtype, got {name!r}; "
-                         "for integer storage chain a DtypeTransformation (with the rounding you want) after it")
+        try:
+            name = serialize_dtype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{_WHO}: unsupported new_dtype {dtype!r} ({exc})") from None
+    if dtype_kind(name) not in "iuf":
+        raise ValueError(f"{_WHO}: new_dtype must be a real integer or floating dtype, got {name!r}")
     return name
 
 
@@ -38,54 +42,71 @@ def _coef(backend: Any, arr: np.ndarray, device: Any) -> Any:
 
 
 class RescaleTransformation(DataTransformation):
-    """Maps a bounded floating-point Box with bounds `[low, high]` affinely onto `[new_low, new_high]`, element-wise:
+    """Maps a bounded Box with bounds `[low, high]` affinely onto `[new_low, new_high]`, element-wise:
     `y = x * a + b` with `a = (new_high - new_low) / (high - low)` and `b = new_low - low * a`, computed in float64.
+    An element whose source bounds are equal (`low == high`) maps to `new_low`.
 
     * `new_low` / `new_high`: finite numbers or arrays broadcastable (right-aligned) to the space's shape, with
-      `new_low < new_high` everywhere. `new_dtype`: the target float dtype (default: the source dtype). Integer
-      targets are refused: chain a `DtypeTransformation` with an explicit rounding mode instead.
-    * The source must be a float Box with finite bounds and `low < high` everywhere.
-    * `transform` checks its input (shape, dtype, bounds; NaN is out of bounds) and never produces a value outside
-      the target bounds (float64 rounding near a bound is clamped to it; the result is rounded once to the target
-      dtype).
+      `new_low <= new_high` everywhere.
+    * `new_dtype`: the target dtype. By default a float source keeps its dtype and an integer source gets the
+      backend's default float dtype; array bounds take part in the promotion as in the reference (a float64 NumPy
+      `new_low` makes a float32 source's target float64). An integer `new_dtype` rounds the result half to even, and
+      the target bounds become the integers inside `[new_low, new_high]`.
+    * `nan_to`: a number or array (broadcastable like the bounds) that replaces NaN in the result; it must lie in
+      the target bounds. Without it a NaN input is refused (NaN lies outside every bounded Box).
+    * The source must be a real integer or float Box with finite bounds.
+    * `transform` checks its input (shape, dtype, bounds) and never produces a value outside the target bounds
+      (float64 rounding near a bound is clamped to it; the result is rounded once to the target dtype).
     * The inverse (`direct_inverse(source_space)`, which needs the source space for its bounds) maps the target
-      space back onto exactly the source space. A round trip is exact when the arithmetic is (scales that are
-      powers of two with zero offsets, e.g. `[-1, 1] -> [-2, 2]`); otherwise it is within a rounding of the value.
-      Note that zero maps to `b`, so a storage's never-written rows read back as the inverse image of zero.
+      space back onto exactly the source space (an integer source gets an integer `new_dtype`, so values are rounded
+      back). A round trip is exact when the arithmetic is (scales that are powers of two with zero offsets, e.g.
+      `[-1, 1] -> [-2, 2]`); otherwise it is within a rounding of the value. Note that zero maps to `b`, so a
+      storage's never-written rows read back as the inverse image of zero.
     """
 
     has_inverse = True
 
-    def __init__(self, new_low: Any = -1.0, new_high: Any = 1.0, new_dtype: Any = None) -> None:
+    def __init__(self, new_low: Any = -1.0, new_high: Any = 1.0, new_dtype: Any = None, nan_to: Any = None) -> None:
         self.new_low = params_array(new_low, "new_low")
         self.new_high = params_array(new_high, "new_high")
         try:
             np.broadcast_shapes(self.new_low.shape, self.new_high.shape)
         except ValueError:
-            raise ValueError(f"new_low of shape {self.new_low.shape} and new_high of shape {self.new_high.shape} do not "
-                             "broadcast together") from None
-        if np.any(self.new_low >= self.new_high):
-            raise ValueError(f"{_WHO} needs new_low < new_high everywhere, got new_low={params_to_json(self.new_low)} "
+            raise ValueError(f"new_low of shape {self.new_low.shape} and new_high of shape {self.new_high.shape} do "
+                             "not broadcast together") from None
+        if np.any(self.new_low > self.new_high):
+            raise ValueError(f"{_WHO} needs new_low <= new_high everywhere, got new_low={params_to_json(self.new_low)} "
                              f"new_high={params_to_json(self.new_high)}")
-        self.new_dtype = _float_dtype_name(new_dtype)
-        self._cache: Dict[int, Tuple[Space, Tuple[Any, ...]]] = {}
+        self.new_dtype = _dtype_name(new_dtype)
+        self.nan_to: Optional[np.ndarray] = None if nan_to is None else params_array(nan_to, "nan_to")
+        #: dtype names of the bounds given as arrays (None for numbers and lists), for the target dtype and JSON
+        self.bound_dtypes: Tuple[Optional[str], Optional[str]] = (param_dtype(new_low), param_dtype(new_high))
+        self._cache: Dict[int, Tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ spaces
     def _check_source(self, source_space: Space) -> BoxSpace:
         sp = require_box(source_space, _WHO)
         name = dtype_name(sp.backend, sp.dtype)
-        if dtype_kind(name) != "f":
-            raise TypeError(f"{_WHO} needs a floating-point source Box, got {name}; convert integers with a "
-                            "DtypeTransformation first (in a ChainedTransformation)")
+        if dtype_kind(name) not in "iuf":
+            raise TypeError(f"{_WHO} needs a real integer or floating-point source Box, got {name}")
         lo, hi = sp.low_numpy.astype(np.float64), sp.high_numpy.astype(np.float64)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             raise ValueError(f"{_WHO} needs finite source bounds, got {sp!r}")
-        if np.any(hi <= lo):
-            raise ValueError(f"{_WHO} needs source bounds with low < high everywhere (a constant element cannot be "
-                             f"rescaled invertibly), got {sp!r}")
         return sp
 
+    def _target_dtype(self, sp: BoxSpace) -> Any:
+        b = sp.backend
+        if self.new_dtype is not None:
+            return b.dtype_from_name(self.new_dtype)
+        dt = b.promote_types(sp.dtype, *(b.dtype_from_name(d) for d in self.bound_dtypes if d is not None))
+        return dt if b.dtype_is_real_floating(dt) else b.default_floating_dtype
+
     def get_target_space_from_source(self, source_space: Space) -> BoxSpace:
+        return per_space(self._cache, source_space, self._plan)[0]  # type: ignore[no-any-return]
+
+    def _plan(self, source_space: Space) -> Tuple[Any, ...]:
+        """`(target space, a, b, map low, map high, nan_to, integer bounds or None)` for a source space (the
+        constants as Python floats or float64 backend arrays); ValueError / TypeError when the map does not apply."""
         sp = self._check_source(source_space)
         b = sp.backend
         shape = tuple(sp.shape)
@@ -95,54 +116,77 @@ class RescaleTransformation(DataTransformation):
         except ValueError:
             raise ValueError(f"new bounds of shapes {self.new_low.shape} / {self.new_high.shape} do not broadcast to "
                              f"the space's shape {shape}") from None
-        dt = sp.dtype if self.new_dtype is None else b.dtype_from_name(self.new_dtype)
-        target: BoxSpace[Any, Any, Any, Any] = BoxSpace(b, nl, nh, dt, device=sp.device, shape=shape, metadata=sp.metadata)
-        if np.any(target.low_numpy >= target.high_numpy):
-            raise ValueError(f"the new bounds collapse when stored as {dtype_name(b, dt)} (new_low == new_high "
-                             "somewhere): the map would not be invertible")
+        dt = self._target_dtype(sp)
+        to_int = b.dtype_is_real_integer(dt)
+        if to_int:
+            tname = dtype_name(b, dt)
+            dlo, dhi = int_range(tname)
+            tl, th = np.ceil(nl), np.floor(nh)
+            if np.any(tl > th) or np.any(tl < dlo) or np.any(th > dhi):
+                raise ValueError(f"{_WHO}: the new bounds [{params_to_json(self.new_low)}, "
+                                 f"{params_to_json(self.new_high)}] hold no {tname} value everywhere, or exceed the "
+                                 f"range of {tname} [{dlo}, {dhi}]")
+            target: BoxSpace[Any, Any, Any, Any] = BoxSpace(b, tl, th, dt, device=sp.device, shape=shape,
+                                                            metadata=sp.metadata)
+            ml, mh = nl, nh            # map onto the given bounds, then round into the integer ones
+        else:
+            target = BoxSpace(b, nl, nh, dt, device=sp.device, shape=shape, metadata=sp.metadata)
+            if np.any((target.low_numpy >= target.high_numpy) & (nl < nh)):
+                raise ValueError(f"the new bounds collapse when stored as {dtype_name(b, dt)} (new_low == new_high "
+                                 "somewhere they differ): the map would not be invertible")
+            ml, mh = target.low_numpy.astype(np.float64), target.high_numpy.astype(np.float64)
         lo, hi = sp.low_numpy.astype(np.float64), sp.high_numpy.astype(np.float64)
-        tl, th = target.low_numpy.astype(np.float64), target.high_numpy.astype(np.float64)
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            span, new_span = hi - lo, th - tl
-            scale, back = new_span / span, span / new_span
-            offset = tl - lo * scale
+            span, new_span = hi - lo, mh - ml
+            flat = span == 0
+            scale = np.where(flat, 0.0, new_span / np.where(flat, 1.0, span))
+            back = np.where(flat | (new_span == 0), 0.0, span / np.where(new_span == 0, 1.0, new_span))
+            offset = ml - lo * scale
+        moving = ~flat & (new_span > 0)
         if not (np.all(np.isfinite(span)) and np.all(np.isfinite(new_span)) and np.all(np.isfinite(scale))
-                and np.all(scale > 0) and np.all(np.isfinite(back)) and np.all(np.isfinite(offset))):
+                and np.all(scale[moving] > 0) and np.all(np.isfinite(back)) and np.all(np.isfinite(offset))):
             raise ValueError(f"{_WHO}: mapping {sp!r} onto [{self.new_low}, {self.new_high}] needs a scale or offset "
                              "beyond float64 (the spans differ by more than ~1e308, or one overflows): values would "
                              "be lost; choose closer bounds")
-        return target
-
-    def _coefficients(self, sp: Space) -> Tuple[Any, ...]:
-        """`(target space, a, b, target low, target high)`, cached for the last few source spaces."""
-        hit = self._cache.get(id(sp))
-        if hit is not None and hit[0] is sp:
-            return hit[1]
-        target = self.get_target_space_from_source(sp)
-        box = require_box(sp, _WHO)
-        lo, hi = box.low_numpy.astype(np.float64), box.high_numpy.astype(np.float64)
-        nl, nh = target.low_numpy.astype(np.float64), target.high_numpy.astype(np.float64)
-        a = (nh - nl) / (hi - lo)
-        off = nl - lo * a
-        b, dev = sp.backend, sp.device
-        entry = (target, _coef(b, a, dev), _coef(b, off, dev), _coef(b, nl, dev), _coef(b, nh, dev))
-        if len(self._cache) >= 16:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[id(sp)] = (sp, entry)
-        return entry
+        nan_to = None
+        if self.nan_to is not None:
+            try:
+                fill = np.broadcast_to(self.nan_to, shape)
+            except ValueError:
+                raise ValueError(f"nan_to of shape {self.nan_to.shape} does not broadcast to the space's shape "
+                                 f"{shape}") from None
+            stored = np.round(fill) if to_int else fill
+            if np.any(stored < target.low_numpy) or np.any(stored > target.high_numpy):
+                raise ValueError(f"{_WHO}: nan_to={params_to_json(self.nan_to)} lies outside the target bounds "
+                                 f"[{params_to_json(self.new_low)}, {params_to_json(self.new_high)}]")
+            nan_to = _coef(b, np.asarray(fill, np.float64), sp.device)
+        dev = sp.device
+        ints = None
+        if to_int:   # the rounded result is clamped into the integer bounds
+            ints = (_coef(b, target.low_numpy.astype(np.float64), dev),
+                    _coef(b, target.high_numpy.astype(np.float64), dev))
+        return (target, _coef(b, scale, dev), _coef(b, offset, dev), _coef(b, ml, dev), _coef(b, mh, dev), nan_to,
+                ints)
 
     # ------------------------------------------------------------------ data
     def transform(self, source_space: Space, data: Any) -> Any:
-        target, a, off, nl, nh = self._coefficients(source_space)
+        target, a, off, nl, nh, nan_to, ints = per_space(self._cache, source_space, self._plan)
         sp = require_box(source_space, _WHO)
         b = sp.backend
         x = coerce(sp, data, _WHO)
-        check_bounds(sp, x, _WHO)
-        if any(not isinstance(c, float) for c in (a, off, nl, nh)):
+        check_bounds(sp, x, _WHO, allow_nan=nan_to is not None)
+        il, ih = ints if ints is not None else (None, None)
+        consts = (a, off, nl, nh, nan_to, il, ih)
+        if any(c is not None and not isinstance(c, float) for c in consts):
             dev = b.device(x)
-            a, off, nl, nh = (c if isinstance(c, float) else b.to_device(c, dev) for c in (a, off, nl, nh))
+            a, off, nl, nh, nan_to, il, ih = (c if c is None or isinstance(c, float) else b.to_device(c, dev)
+                                              for c in consts)
         y = b.astype(x, b.dtype_from_name("float64")) * a + off
         y = b.clip(y, nl, nh)
+        if nan_to is not None:
+            y = b.where(b.isnan(y), nan_to, y)
+        if ints is not None:
+            y = b.clip(b.round(y), il, ih)
         return b.astype(y, target.dtype)
 
     def direct_inverse(self, source_space: Optional[Space] = None) -> "RescaleTransformation":
@@ -155,22 +199,35 @@ class RescaleTransformation(DataTransformation):
 
     # ------------------------------------------------------------------ JSON and pickling
     def to_json(self) -> Dict[str, Any]:
-        return {"new_low": params_to_json(self.new_low), "new_high": params_to_json(self.new_high),
-                "new_dtype": self.new_dtype}
+        """The reference's form: each bound (and `nan_to`) as `{"scalar": true, "value": x, "backend": null}` or, for
+        an array, `{"scalar": false, "value": [...], "backend": "numpy", "dtype": name}`; `new_dtype` when set."""
+        out: Dict[str, Any] = {"new_low": param_payload(self.new_low, self.bound_dtypes[0]),
+                               "new_high": param_payload(self.new_high, self.bound_dtypes[1]),
+                               "nan_to": param_payload(self.nan_to, None if self.nan_to is None or
+                                                       self.nan_to.ndim == 0 else "float64")}
+        if self.new_dtype is not None:
+            out["new_dtype"] = self.new_dtype
+        return out
 
     @classmethod
     def from_json(cls, params: Mapping[str, Any]) -> "RescaleTransformation":
-        check_param_names(params, ("new_low", "new_high", "new_dtype"), ("new_low", "new_high"), cls.__name__)
+        """Reads `to_json` output, the reference's, or this project's earlier form (plain numbers and lists)."""
+        check_param_names(params, ("new_low", "new_high", "new_dtype", "nan_to"), ("new_low", "new_high"),
+                          cls.__name__)
         new_dtype = params.get("new_dtype")
         if new_dtype is not None and not isinstance(new_dtype, str):
             raise TypeError(f"new_dtype must be a dtype name or null, got {new_dtype!r}")
-        return cls(params["new_low"], params["new_high"], new_dtype)
+        return cls(param_from_json(params["new_low"], "new_low"), param_from_json(params["new_high"], "new_high"),
+                   new_dtype, param_from_json(params.get("nan_to"), "nan_to"))
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"new_low": self.new_low, "new_high": self.new_high, "new_dtype": self.new_dtype}
+        return {"new_low": typed_param(self.new_low, self.bound_dtypes[0]),
+                "new_high": typed_param(self.new_high, self.bound_dtypes[1]), "new_dtype": self.new_dtype,
+                "nan_to": self.nan_to}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        RescaleTransformation.__init__(self, state["new_low"], state["new_high"], state["new_dtype"])
+        RescaleTransformation.__init__(self, state["new_low"], state["new_high"], state["new_dtype"],
+                                       state.get("nan_to"))
 
 
 __all__ = ["RescaleTransformation"]

@@ -139,6 +139,16 @@ _BUILTIN_CLASSES: Dict[str, Tuple[str, str]] = {
     "DictTransformation": (f"{_PKG}.dict_transform", "DictTransformation"),
     "RescaleTransformation": (f"{_PKG}.rescale", "RescaleTransformation"),
     "DtypeTransformation": (f"{_PKG}.dtype_cast", "DtypeTransformation"),
+    "BatchifyTransformation": (f"{_PKG}.batch_and_unbatch", "BatchifyTransformation"),
+    "UnBatchifyTransformation": (f"{_PKG}.batch_and_unbatch", "UnBatchifyTransformation"),
+    "CropTransformation": (f"{_PKG}.crop", "CropTransformation"),
+    "DictIncludeKeyTransformation": (f"{_PKG}.filter_dict", "DictIncludeKeyTransformation"),
+    "DictExcludeKeyTransformation": (f"{_PKG}.filter_dict", "DictExcludeKeyTransformation"),
+    "FlattenDictTransformation": (f"{_PKG}.flatten_dict_transform", "FlattenDictTransformation"),
+    "UnflattenDictTransformation": (f"{_PKG}.flatten_dict_transform", "UnflattenDictTransformation"),
+    "ImageResizeTransformation": (f"{_PKG}.image_resize", "ImageResizeTransformation"),
+    "IterativeTransformation": (f"{_PKG}.iter_transform", "IterativeTransformation"),
+    "LeafwiseTransformation": (f"{_PKG}.iter_transform", "LeafwiseTransformation"),
 }
 _BUILTIN: Dict[str, Tuple[str, str]] = {}
 for _short, (_module, _attr) in _BUILTIN_CLASSES.items():
@@ -231,17 +241,27 @@ def check_param_names(params: Mapping[str, Any], allowed: Tuple[str, ...], requi
         raise ValueError(f"{who}: missing parameter(s) {missing}")
 
 
-def members_param(params: Mapping[str, Any], who: str, container: type) -> Any:
-    """The `transformations` parameter, the only one, of a composite transformation's JSON: checked to be a
-    `container` (`list`: a JSON array, `Mapping`: an object); ValueError / TypeError naming what is wrong."""
-    check_param_names(params, ("transformations",), ("transformations",), who)
-    items = params["transformations"]
+def members_param(params: Mapping[str, Any], who: str, container: type, key: str = "transformations",
+                  optional: Tuple[str, ...] = ()) -> Any:
+    """The members (`key`, by default `transformations`) of a composite transformation's JSON, checked to be a
+    `container` (`list`: a JSON array, `Mapping`: an object); `optional` names the other parameters allowed.
+    ValueError / TypeError naming what is wrong."""
+    check_param_names(params, (key,) + optional, (key,), who)
+    items = params[key]
     if not isinstance(items, container):
-        raise TypeError(f"'transformations' must be {'a list' if container is list else 'an object'}, got "
+        raise TypeError(f"{key!r} must be {'a list' if container is list else 'an object'}, got "
                         f"{type(items).__name__}")
     return items
 
 
+def bool_param(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    """An optional boolean parameter of a transformation's JSON (TypeError for anything but true / false)."""
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key!r} must be true or false, got {value!r}")
+    return value
+
+
 __all__ = ["DataTransformation", "TransformationFormatError", "transformation_to_json", "json_to_transformation",
            "register_transformation", "resolve_transformation_class", "transformation_type_name", "MAX_DEPTH",
-           "check_param_names"]
+           "check_param_names", "members_param", "bool_param"]

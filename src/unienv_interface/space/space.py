@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Generic, Mapping, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Mapping, Optional, Tuple, TypeVar, Union
 
 from unienv_interface.backends.base import BArrayType, BDeviceType, BDtypeType, BRNGType
 from unienv_interface.backends.resolve import resolve_backend
@@ -86,9 +86,9 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
     def data_to(self, data: Any, backend: Any = None, device: Any = None) -> Any:
         """`data` (an element of this space) converted to another backend / device."""
 
-    @abstractmethod
     def _copy_with(self, metadata: SpaceMetadata) -> "Space":
-        """The same space with other metadata."""
+        """The same space with other metadata (each concrete space implements it; `with_metadata` needs it)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _copy_with (or with_metadata)")
 
     def with_metadata(self, metadata: Optional[Mapping[str, Any]] = None, **updates: Any) -> "Space":
         """A copy of this space whose metadata is `metadata` (or the current one) updated with `updates`."""
@@ -101,10 +101,17 @@ class Space(ABC, Generic[SpaceDataT, BDeviceType, BDtypeType, BRNGType]):
         return x
 
     def is_subspaceeq(self, other: "Space") -> bool:
-        return self == other
+        """Whether every element of this space is an element of `other` (self ⊆ other; equal spaces count).
+
+        Structural: the backends must be the same, dtypes equal, and the device is ignored; a space of another
+        type gives False. Each concrete space implements it; this base raises NotImplementedError (as the
+        reference does), so an unsupported comparison is never mistaken for False."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement is_subspaceeq")
 
     def is_subspace(self, other: "Space") -> bool:
-        return self.is_subspaceeq(other)
+        """Whether this space is a strict subspace of `other` (self ⊂ other): `self ⊆ other` and not
+        `other ⊆ self`. NotImplementedError from either side propagates."""
+        return self.is_subspaceeq(other) and not other.is_subspaceeq(self)
 
     def __contains__(self, x: Any) -> bool:
         return self.contains(x)
@@ -127,6 +134,14 @@ def array_data_to(space: Space, data: Any, backend: Any, device: Any) -> Any:
     if tb is space.backend:
         return tb.to_device(data, td) if td is not None else data
     return tb.from_other_backend(space.backend, data, device=td)
+
+
+def common_device(spaces: Iterable[Space]) -> Any:
+    """The device every space of `spaces` that has one shares (None when none has one, or they differ)."""
+    devices = [sp.device for sp in spaces if sp.device is not None]
+    if devices and len({str(d) for d in devices}) == 1:
+        return devices[0]
+    return None
 
 
 def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any, Any]:

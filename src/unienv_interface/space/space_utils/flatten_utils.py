@@ -4,6 +4,11 @@ Row layout (kept byte-compatible with the reference API): dict children in sorte
 position order, each leaf reshaped to its element count; the row dtype is the backend's promotion of every
 flattened leaf dtype (Binary leaves flatten to the backend's default integer dtype first, Text leaves to the
 default integer dtype). `start_dim` keeps that many leading (batch) axes in front of the flat axis.
+
+A DynamicBoxSpace leaf is padded with its fill value to `shape_high` (unflattening cuts trailing padding again,
+never below `shape_low`). A UnionSpace leaf (start_dim 0 only) is `[index, the alternative's flat data, zeros]`
+in the default floating dtype, as wide as the widest alternative plus one. Graph and Batched spaces have no flat
+form: `flat_dim` gives None and `flatten_space` raises NotImplementedError ("Unknown space").
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..space import Space
-from ..spaces import BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
+from ..spaces import BinarySpace, BoxSpace, DictSpace, DynamicBoxSpace, TextSpace, TupleSpace, UnionSpace
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class FlatLeaf:
     """One leaf of a flattened space: where its values sit in the flat row."""
 
     path: Tuple[Any, ...]        #: keys / positions from the root to the leaf
-    space: Space                 #: the leaf space (Box, Binary or Text)
+    space: Space                 #: the leaf space (Box, Binary, Text, DynamicBox or Union)
     offset: int                  #: first column in the flat row
     size: int                    #: number of columns
     flat_dtype: Any              #: the leaf's own flattened dtype (before promotion to the row dtype)
@@ -49,6 +54,13 @@ def flat_dim(space: Space, start_dim: int = 0) -> Optional[int]:
         return None if any(d is None for d in dims) else sum(d for d in dims if d is not None)
     if isinstance(space, TextSpace):
         return space.max_length if start_dim == 0 and space.charset is not None else None
+    if isinstance(space, DynamicBoxSpace):
+        return _prod(space.shape_high[start_dim:])
+    if isinstance(space, UnionSpace):
+        if start_dim != 0:
+            return None
+        dims = [flat_dim(s, 0) for s in space.spaces]
+        return None if any(d is None for d in dims) else 1 + max(d for d in dims if d is not None)
     return None
 
 
@@ -79,9 +91,15 @@ def flat_leaves(space: Space) -> List[FlatLeaf]:
                 raise ValueError(f"Text space at {'/'.join(map(str, path)) or '<root>'} can only be flattened "
                                  "with a defined character set")
             size, dt = sp.max_length, sp.backend.default_integer_dtype
+        elif isinstance(sp, DynamicBoxSpace):
+            size, dt = _prod(sp.shape_high), sp.dtype
+        elif isinstance(sp, UnionSpace):
+            for child in sp.spaces:
+                flatten_space(child)       # an alternative without a flat form raises its own error
+            size, dt = flat_dim(sp) or 0, sp.backend.default_floating_dtype
         else:
-            raise NotImplementedError(f"cannot flatten a space of type {type(sp).__name__} at "
-                                      f"{'/'.join(map(str, path)) or '<root>'}")
+            raise NotImplementedError(f"Unknown space: `{sp}` (at {'/'.join(map(str, path)) or '<root>'}) has no "
+                                      "flat form")
         out.append(FlatLeaf(path, sp, offset, size, dt))
         return offset + size
 
@@ -95,9 +113,34 @@ def _leaf_flat_bounds(leaf: FlatLeaf) -> Tuple[np.ndarray, np.ndarray]:
         return sp.low_numpy.reshape(-1), sp.high_numpy.reshape(-1)
     if isinstance(sp, BinarySpace):
         return np.zeros(leaf.size, dtype=np.int64), np.ones(leaf.size, dtype=np.int64)
+    if isinstance(sp, DynamicBoxSpace):
+        low, high = sp.padded_bounds()
+        return low.reshape(-1), high.reshape(-1)
+    if isinstance(sp, UnionSpace):
+        return _union_bounds(sp)
     if not (isinstance(sp, TextSpace) and sp.charset is not None):
         raise RuntimeError("internal invariant violated: isinstance(sp, TextSpace) and sp.charset is not None")
     return np.zeros(leaf.size, dtype=np.int64), np.full(leaf.size, len(sp.charset), dtype=np.int64)
+
+
+def _union_bounds(space: UnionSpace) -> Tuple[np.ndarray, np.ndarray]:
+    """Flat bounds of a union: the index in `[0, n - 1]`, then every slot within the overall minimum / maximum of
+    all alternatives' flat bounds, 0 included (unused slots hold 0)."""
+    lows, highs = [0.0], [0.0]
+    for child in space.spaces:
+        box = flatten_space(child)
+        if box.low_numpy.size:
+            lows.append(float(box.low_numpy.min()))
+            highs.append(float(box.high_numpy.max()))
+    width = (flat_dim(space) or 1) - 1
+    low = np.concatenate([[0.0], np.full(width, min(lows))])
+    high = np.concatenate([[float(len(space.spaces) - 1)], np.full(width, max(highs))])
+    return low, high
+
+
+def _only_at_start_dim_0(space: Space, start_dim: int) -> None:
+    if start_dim != 0 and isinstance(space, (TextSpace, UnionSpace)):
+        raise ValueError(f"{type(space).__name__} can only be flattened at start_dim 0, got start_dim={start_dim}")
 
 
 def _row_dtype(space: Space) -> Any:
@@ -117,6 +160,11 @@ def flatten_space(space: Space, start_dim: int = 0) -> BoxSpace:
     if isinstance(space, BinarySpace):
         shape = space.shape[:start_dim] + (_prod(space.shape[start_dim:]),)
         return BoxSpace(b, 0, 1, b.default_integer_dtype, space.device, shape)
+    if isinstance(space, DynamicBoxSpace):
+        shape = space.shape_high[:start_dim] + (_prod(space.shape_high[start_dim:]),)
+        low, high = space.padded_bounds()
+        return BoxSpace(b, low.reshape(shape), high.reshape(shape), space.dtype, space.device, shape)
+    _only_at_start_dim_0(space, start_dim)
     if start_dim != 0:
         lead = _lead_shape(space, start_dim)
         single = flatten_space(_strip_lead(space, start_dim), 0)
@@ -145,6 +193,9 @@ def flatten_space(space: Space, start_dim: int = 0) -> BoxSpace:
 def _lead_shape(space: Space, start_dim: int) -> Tuple[int, ...]:
     if isinstance(space, (BoxSpace, BinarySpace)):
         return space.shape[:start_dim]
+    if isinstance(space, DynamicBoxSpace):
+        return space.shape_high[:start_dim]
+    _only_at_start_dim_0(space, start_dim)
     children = list(space.spaces.values()) if isinstance(space, DictSpace) else list(getattr(space, "spaces", ()))
     if not children:
         raise ValueError(f"cannot flatten an empty {type(space).__name__}: it has no leaves")
@@ -158,11 +209,18 @@ def _strip_lead(space: Space, start_dim: int) -> Space:
                         space.shape[start_dim:])
     if isinstance(space, BinarySpace):
         return BinarySpace(space.backend, space.shape[start_dim:], space.dtype, space.device)
+    if isinstance(space, DynamicBoxSpace):
+        if any(a < start_dim for a in space.variable_axes):
+            raise ValueError(f"cannot flatten {space} at start_dim={start_dim}: a kept leading axis varies in length")
+        return DynamicBoxSpace(space.backend, space.low_numpy[(0,) * start_dim], space.high_numpy[(0,) * start_dim],
+                               space.shape_low[start_dim:], space.shape_high[start_dim:], space.dtype, space.device,
+                               space.fill_value)
     if isinstance(space, DictSpace):
         return DictSpace(space.backend, {k: _strip_lead(s, start_dim) for k, s in space.spaces.items()}, space.device)
     if isinstance(space, TupleSpace):
         return TupleSpace(space.backend, [_strip_lead(s, start_dim) for s in space.spaces], space.device)
-    raise NotImplementedError(f"cannot flatten a batched {type(space).__name__} at start_dim={start_dim}")
+    _only_at_start_dim_0(space, start_dim)
+    raise NotImplementedError(f"Unknown space: `{space}` has no flat form at start_dim={start_dim}")
 
 
 def _text_to_indices(space: TextSpace, text: Any) -> np.ndarray:
@@ -199,10 +257,13 @@ def flatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
         if isinstance(space, BinarySpace):
             out = b.astype(out, b.default_integer_dtype)
         return out
+    _only_at_start_dim_0(space, start_dim)
     if isinstance(space, TextSpace):
-        if start_dim != 0:
-            raise ValueError("Text space can only be flattened at start_dim 0")
         return b.from_numpy(_text_to_indices(space, data), dtype=b.default_integer_dtype, device=space.device)
+    if isinstance(space, DynamicBoxSpace):
+        return _flatten_dynamic(space, data, start_dim)
+    if isinstance(space, UnionSpace):
+        return _flatten_union(space, data)
     row_dtype = _row_dtype(space) if start_dim == 0 else flatten_space(space, start_dim).dtype
     if isinstance(space, DictSpace):
         if not hasattr(data, "keys"):
@@ -224,6 +285,49 @@ def flatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
     return b.concat(parts, axis=start_dim)
 
 
+def _flatten_dynamic(space: DynamicBoxSpace, data: Any, start_dim: int) -> Any:
+    b = space.backend
+    if not b.is_backendarray(data):
+        raise TypeError(f"expected a {b} array for {space.get_repr(True, False, False)}, got {type(data).__name__}")
+    shape = tuple(int(d) for d in data.shape)
+    if len(shape) != len(space.shape_low) or not all(
+            lo <= d <= hi for lo, d, hi in list(zip(space.shape_low, shape, space.shape_high))[start_dim:]):
+        raise ValueError(f"expected a shape between {space.shape_low} and {space.shape_high} (from axis "
+                         f"{start_dim} on) for DynamicBoxSpace, got {shape}")
+    return b.reshape(space.pad_data(data, start_axis=start_dim), shape[:start_dim] + (-1,))
+
+
+def _union_pair(space: UnionSpace, data: Any) -> Tuple[int, Any]:
+    if not space.is_pair(data):
+        raise ValueError(f"expected an (index, value) tuple with 0 <= index < {len(space.spaces)} for UnionSpace, "
+                         f"got {data!r}")
+    return int(data[0]), data[1]
+
+
+def _flatten_union(space: UnionSpace, data: Any) -> Any:
+    b = space.backend
+    index, value = _union_pair(space, data)
+    dt = b.default_floating_dtype
+    flat = b.astype(flatten_data(space.spaces[index], value), dt)
+    flat = b.pad_dim(flat, 0, (flat_dim(space) or 1) - 1, 0)
+    head = b.from_numpy(np.array([index], dtype=np.float64), dtype=dt, device=b.device(flat))
+    return b.concat([head, flat], axis=0)
+
+
+def _unflatten_union(space: UnionSpace, data: Any) -> Any:
+    b = space.backend
+    first = float(np.asarray(b.to_numpy(data[0:1]), dtype=np.float64)[0])
+    if not first.is_integer() or not 0 <= first < len(space.spaces):
+        raise ValueError(f"flat UnionSpace data starts with {first}, not the index of one of its "
+                         f"{len(space.spaces)} alternatives")
+    index = int(first)
+    child = space.spaces[index]
+    width = flat_dim(child)
+    if width is None:
+        raise RuntimeError("internal invariant violated: a flattened union alternative has no flat_dim")
+    return index, unflatten_data(child, data[1:1 + width])
+
+
 def unflatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
     """Inverse of `flatten_data`: flat rows back to structured data with every leaf in its own dtype (copies)."""
     b = space.backend
@@ -231,8 +335,15 @@ def unflatten_data(space: Space, data: Any, start_dim: int = 0) -> Any:
         lead = tuple(data.shape[:start_dim])
         out = b.reshape(data, lead + tuple(space.shape[start_dim:]))
         return b.astype(out, space.dtype, copy=True)
+    _only_at_start_dim_0(space, start_dim)
     if isinstance(space, TextSpace):
         return _indices_to_text(space, np.asarray(b.to_numpy(data)).reshape(-1))
+    if isinstance(space, DynamicBoxSpace):
+        lead = tuple(data.shape[:start_dim])
+        padded = b.astype(b.reshape(data, lead + tuple(space.shape_high[start_dim:])), space.dtype, copy=True)
+        return space.unpad_data(padded, start_axis=start_dim)
+    if isinstance(space, UnionSpace):
+        return _unflatten_union(space, data)
     children = list(space.spaces.items()) if isinstance(space, DictSpace) else list(enumerate(getattr(space, "spaces", ())))
     if not isinstance(space, (DictSpace, TupleSpace)):
         raise NotImplementedError(f"cannot unflatten data of a space of type {type(space).__name__}")

@@ -8,10 +8,13 @@
 | `MultiBinary(n)` | `BinarySpace` (bool; gymnasium's data is int8 0/1) |
 | `Text` | `TextSpace` |
 | `Dict` / `Tuple` | `DictSpace` / `TupleSpace`, nested |
+| `OneOf` | `UnionSpace` (values `(index, value)` both sides) |
+| `Graph(node_space, edge_space)` | `GraphSpace` (unbatched; edges, with features, exactly when `edge_space` is set) |
 
 A space made from a `Discrete` or `MultiDiscrete` remembers it in its metadata (`{"gym_space": "Discrete"}`), so
 `to_gym_space` gives the gymnasium kind back; any other integer Box becomes a gymnasium `Box`. Everything else
-(`Graph`, `Sequence`, `OneOf`, a `TextSpace` without a character set, ...) raises TypeError naming the space.
+(`Sequence`, a `TextSpace` without a character set, a `DynamicBoxSpace`, a batched `GraphSpace` or one whose edges
+have no features, which a gymnasium `Graph` cannot hold, ...) raises TypeError naming the space.
 
 Data: `from_gym_data(space, data)` / `to_gym_data(space, data)` convert values; a value whose shape differs from
 the space's, or that the space's dtype cannot hold exactly, raises ValueError (nothing is cast silently).
@@ -29,14 +32,17 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
                       "'unienv-storage[gym]'") from _exc
 
 from unienv_interface.space.space import Space
-from unienv_interface.space.spaces import BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
+from unienv_interface.space.spaces import (BinarySpace, BoxSpace, DictSpace, GraphInstance, GraphSpace, TextSpace,
+                                           TupleSpace, UnionSpace)
 
 from ._mapping import check_dict_value
+from .batch_utils import batch_space
 
 #: the metadata key recording which gymnasium space an integer BoxSpace came from
 GYM_KIND_KEY = "gym_space"
-_SUPPORTED_GYM = "Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict, Tuple"
-_SUPPORTED_OURS = "BoxSpace, BinarySpace, TextSpace (with a charset), DictSpace, TupleSpace"
+_SUPPORTED_GYM = "Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict, Tuple, OneOf, Graph"
+_SUPPORTED_OURS = ("BoxSpace, BinarySpace, TextSpace (with a charset), DictSpace, TupleSpace, UnionSpace, GraphSpace "
+                   "(unbatched, edges with features)")
 
 
 def _integer_dtype(backend: Any, dtype: Any, given: Any, what: str) -> Any:
@@ -81,6 +87,14 @@ def from_gym_space(gym_space: Any, backend: Any, dtype: Any = None, device: Any 
     if isinstance(gym_space, sp.Tuple):
         return TupleSpace(backend, [from_gym_space(s, backend, dtype, device) for s in gym_space.spaces],
                           device=device)
+    if isinstance(gym_space, sp.OneOf):
+        return UnionSpace(backend, [from_gym_space(s, backend, dtype, device) for s in gym_space.spaces],
+                          device=device)
+    if isinstance(gym_space, sp.Graph):
+        node = from_gym_space(gym_space.node_space, backend, dtype, device)
+        edge = None if gym_space.edge_space is None else from_gym_space(gym_space.edge_space, backend, dtype, device)
+        return GraphSpace(backend, node, edge, is_edge=edge is not None,  # type: ignore[arg-type]
+                          device=device)
     raise TypeError(f"from_gym_space: gymnasium {type(gym_space).__name__} ({gym_space}) has no equivalent space "
                     f"here; supported: {_SUPPORTED_GYM}")
 
@@ -115,8 +129,23 @@ def to_gym_space(space: Space) -> Any:
         return sp.Dict({k: to_gym_space(s) for k, s in space.spaces.items()})
     if isinstance(space, TupleSpace):
         return sp.Tuple([to_gym_space(s) for s in space.spaces])
+    if isinstance(space, UnionSpace):
+        return sp.OneOf([to_gym_space(s) for s in space.spaces])
+    if isinstance(space, GraphSpace):
+        _check_gym_graph(space, "to_gym_space")
+        edge = space.edge_feature_space
+        return sp.Graph(node_space=to_gym_space(space.node_feature_space),
+                        edge_space=None if edge is None else to_gym_space(edge))
     raise TypeError(f"to_gym_space: {type(space).__name__} ({space}) has no gymnasium equivalent; supported: "
                     f"{_SUPPORTED_OURS}")
+
+
+def _check_gym_graph(space: GraphSpace, what: str) -> None:
+    if space.batch_shape:
+        raise TypeError(f"{what}: a gymnasium Graph is one graph; {space} is a batch of shape {space.batch_shape}")
+    if space.is_edge and space.edge_feature_space is None:
+        raise TypeError(f"{what}: a gymnasium Graph has edges only with an edge space; {space} has edges without "
+                        "features (give it an edge_feature_space)")
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -164,6 +193,11 @@ def from_gym_data(space: Space, data: Any) -> Any:
         if not isinstance(data, (tuple, list)) or len(data) != len(space.spaces):
             raise ValueError(f"from_gym_data: expected a tuple of {len(space.spaces)} values, got {data!r:.80}")
         return tuple(from_gym_data(s, v) for s, v in zip(space.spaces, data))
+    if isinstance(space, UnionSpace):
+        index, value = _union_value(space, data, "from_gym_data")
+        return index, from_gym_data(space.spaces[index], value)
+    if isinstance(space, GraphSpace):
+        return _graph_from_gym(space, data)
     raise TypeError(f"from_gym_data: {type(space).__name__} has no gymnasium equivalent; supported: {_SUPPORTED_OURS}")
 
 
@@ -194,7 +228,58 @@ def to_gym_data(space: Space, data: Any) -> Any:
         if not isinstance(data, (tuple, list)) or len(data) != len(space.spaces):
             raise ValueError(f"to_gym_data: expected a tuple of {len(space.spaces)} values, got {data!r:.80}")
         return tuple(to_gym_data(s, v) for s, v in zip(space.spaces, data))
+    if isinstance(space, UnionSpace):
+        index, value = _union_value(space, data, "to_gym_data")
+        return np.int64(index), to_gym_data(space.spaces[index], value)
+    if isinstance(space, GraphSpace):
+        _check_gym_graph(space, "to_gym_data")
+        if not space.contains(data):
+            raise ValueError(f"to_gym_data: the value is not a graph of {space}")
+        b = space.backend
+        edges = None if data.edges is None else np.asarray(b.to_numpy(data.edges)).astype(np.int32)
+        feats = None if data.edges_features is None else np.asarray(b.to_numpy(data.edges_features))
+        if edges is not None and feats is None:
+            raise ValueError("to_gym_data: a gymnasium Graph takes edges only with their features; the value has none")
+        return gym.spaces.GraphInstance(nodes=np.asarray(b.to_numpy(data.nodes_features)), edges=feats,
+                                        edge_links=edges)
     raise TypeError(f"to_gym_data: {type(space).__name__} has no gymnasium equivalent; supported: {_SUPPORTED_OURS}")
+
+
+def _union_value(space: UnionSpace, data: Any, what: str) -> Any:
+    if not space.is_pair(data):
+        raise ValueError(f"{what}: expected an (index, value) tuple with 0 <= index < {len(space.spaces)}, got "
+                         f"{data!r:.80}")
+    return int(data[0]), data[1]
+
+
+def _graph_from_gym(space: GraphSpace, data: Any) -> GraphInstance:
+    _check_gym_graph(space, "from_gym_data")
+    if not isinstance(data, gym.spaces.GraphInstance):
+        raise TypeError(f"from_gym_data: a Graph value must be a gymnasium GraphInstance, got {type(data).__name__}")
+    b = space.backend
+    nodes = np.asarray(data.nodes)
+    node_count = int(nodes.shape[0]) if nodes.ndim else 0
+
+    def count(n: int) -> Any:
+        return b.from_numpy(np.asarray(n, dtype=np.int64), dtype=b.default_integer_dtype, device=space.device)
+
+    node_features = from_gym_data(batch_space(space.node_feature_space, node_count), nodes)
+    out: GraphInstance = GraphInstance(n_nodes=count(node_count), nodes_features=node_features)
+    if space.is_edge:
+        if data.edge_links is None or data.edges is None:
+            raise ValueError(f"from_gym_data: {space} has edges, the gymnasium value has none")
+        links = np.asarray(data.edge_links)
+        if links.ndim != 2 or links.shape[1] != 2 or links.dtype.kind not in "iu":
+            raise ValueError(f"from_gym_data: edge_links must be integer pairs of shape (n, 2), got {links.shape}")
+        edge_space = space.edge_feature_space
+        if edge_space is None:
+            raise RuntimeError("internal invariant violated: _check_gym_graph lets no featureless edges through")
+        out.n_edges = count(int(links.shape[0]))
+        out.edges = b.from_numpy(links.astype(np.int64), dtype=b.default_integer_dtype, device=space.device)
+        out.edges_features = from_gym_data(batch_space(edge_space, int(links.shape[0])), data.edges)
+    if not space.contains(out):
+        raise ValueError(f"from_gym_data: the gymnasium graph is not a graph of {space} (counts, bounds or edges)")
+    return out
 
 
 def gym_kind(space: Space) -> Optional[str]:

@@ -6,7 +6,11 @@ from .batched import BatchedSpace
 from .binary import BinarySpace
 from .box import BoxSpace
 from .dict import DictSpace
+from .dynamic_box import DynamicBoxSpace
+from .graph import GraphInstance, GraphSpace
 from .text import TextSpace
 from .tuple import TupleSpace
+from .union import UnionSpace
 
-__all__ = ["Space", "SpaceMetadata", "BoxSpace", "BinarySpace", "DictSpace", "TupleSpace", "TextSpace", "BatchedSpace"]
+__all__ = ["Space", "SpaceMetadata", "BoxSpace", "BinarySpace", "DynamicBoxSpace", "DictSpace", "GraphSpace",
+           "GraphInstance", "TupleSpace", "TextSpace", "UnionSpace", "BatchedSpace"]

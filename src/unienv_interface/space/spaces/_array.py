@@ -1,7 +1,18 @@
-"""`ArraySpaceMixin`: what the array spaces (`BoxSpace`, `BinarySpace`) share beyond `Space`."""
+"""`ArraySpaceMixin`: what the array spaces (`BoxSpace`, `BinarySpace`) share beyond `Space`, and the common end of
+every array-like space's `get_repr`."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
+
+
+def format_repr(name: str, parts: List[str], backend: Any, device: Any, include_backend: bool,
+                include_device: bool) -> str:
+    """`name(parts..., backend=..., device=...)` (the device only when one is set)."""
+    if include_backend:
+        parts.append(f"backend={backend}")
+    if include_device and device is not None:
+        parts.append(f"device={device}")
+    return f"{name}({', '.join(parts)})"
 
 
 class ArraySpaceMixin:
@@ -19,8 +30,4 @@ class ArraySpaceMixin:
 
     def _repr(self, name: str, parts: List[str], include_backend: bool, include_device: bool) -> str:
         """`name(parts..., backend=..., device=...)`: the end of `get_repr` (the device only when one is set)."""
-        if include_backend:
-            parts.append(f"backend={self._backend}")
-        if include_device and self._device is not None:
-            parts.append(f"device={self._device}")
-        return f"{name}({', '.join(parts)})"
+        return format_repr(name, parts, self._backend, self._device, include_backend, include_device)

@@ -52,6 +52,11 @@ class BatchedSpace(Space[np.ndarray, BDeviceType, BDtypeType, BRNGType]):
                  include_dtype: bool = True) -> str:
         return f"BatchedSpace({self.single_space.get_repr(abbreviate, False, False, include_dtype)}, {self.batch_shape})"
 
+    def is_subspaceeq(self, other: Space) -> bool:
+        """True when `other` is a BatchedSpace of the same batch shape whose element space holds this one's."""
+        return (isinstance(other, BatchedSpace) and other.backend is self._backend
+                and other.batch_shape == self.batch_shape and self.single_space.is_subspaceeq(other.single_space))
+
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, BatchedSpace) and other.batch_shape == self.batch_shape
                 and other.single_space == self.single_space)

@@ -59,6 +59,10 @@ class BinarySpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BR
         parts = [f"shape={self.shape}"]
         return self._repr("BinarySpace", parts, include_backend, include_device)
 
+    def is_subspaceeq(self, other: Space) -> bool:
+        """A binary space holds every boolean array of its shape: a subspace only of an equal one."""
+        return self == other
+
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, BinarySpace) and other.backend is self._backend and other.shape == self.shape
                 and other.dtype == self._dtype)

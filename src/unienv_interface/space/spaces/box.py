@@ -99,6 +99,79 @@ def _int_bounds(b: np.ndarray, np_dt: np.dtype, which: str) -> np.ndarray:
     return out
 
 
+# ------------------------------------------------------------------ element-wise bounds, shared by the box-like
+# spaces (BoxSpace, DynamicBoxSpace): the bounds are NumPy arrays that broadcast to the data's shape
+def as_member_array(backend: Any, x: Any) -> Optional[Any]:
+    """`x` as an array of `backend` (a NumPy scalar counts as a 0-d NumPy array), or None when it is not one."""
+    if isinstance(x, np.generic) and backend.simplified_name == "numpy":
+        x = np.asarray(x)
+    return x if backend.is_backendarray(x) else None
+
+
+def values_within(backend: Any, x: Any, dtype: Any, low_np: np.ndarray, high_np: np.ndarray) -> bool:
+    """True when array `x` has a dtype that casts to `dtype` without loss (the same dtype, or e.g. bool / uint8 in
+    float32, as the reference's `can_cast`; float64 in a float32 space is not) and every value lies within the
+    bounds (which broadcast to `x`'s shape)."""
+    dst = backend.dtype_name(dtype)
+    if x.dtype == dtype:
+        src = dst
+    else:
+        try:
+            src = backend.dtype_name(x.dtype)
+        except ValueError:          # complex, strings, ...
+            return False
+        if not is_lossless(src, dst):
+            return False
+    a = backend.to_numpy(x)
+    if src == "bfloat16":  # raw bits (torch) or ml_dtypes' bfloat16 values (JAX)
+        a = (a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(a >= low_np) and np.all(a <= high_np))
+
+
+def clip_within(backend: Any, x: Any, low_np: np.ndarray, high_np: np.ndarray, dtype: Any, device: Any) -> Any:
+    """`x` clamped element-wise into the bounds (which broadcast to its shape), as an array of `dtype`."""
+    return backend.from_numpy(np.clip(backend.to_numpy(x), low_np, high_np).astype(low_np.dtype), dtype=dtype,
+                              device=device)
+
+
+def sample_within(backend: Any, rng: Any, low_np: np.ndarray, high_np: np.ndarray, dtype: Any,
+                  device: Any) -> Tuple[Any, Any]:
+    """`(rng, x)`: a random array of the bounds' shape and `dtype`, each element drawn independently: uniform in a
+    finite interval (integers inclusive), shifted exponential on a half-open one, normal on an unbounded one."""
+    b = backend
+    shape = low_np.shape
+    rng, u = b.random.random_uniform(shape, rng=rng, dtype=b.dtype_from_name("float64") if b.simplified_name != "jax" else None)
+    rng, n = b.random.random_normal(shape, rng=rng)
+    u = np.asarray(b.to_numpy(u), dtype=np.float64)
+    n = np.asarray(b.to_numpy(n), dtype=np.float64)
+    lo = low_np.astype(np.float64)
+    hi = high_np.astype(np.float64)
+    if low_np.dtype.kind in "iu":
+        if low_np.size == 0 or (np.abs(lo).max() < 2 ** 52 and np.abs(hi).max() < 2 ** 52):
+            out_i = np.minimum(np.floor(lo + u * (hi - lo + 1.0)), hi).astype(low_np.dtype)
+        else:  # beyond float precision: offsets in float, bounds and sums as exact Python ints
+            vals = [min(lv + int(np.floor(r * float(hv - lv + 1))), hv) for lv, hv, r in
+                    zip(low_np.reshape(-1).tolist(), high_np.reshape(-1).tolist(), u.reshape(-1).tolist())]
+            out_i = np.array(vals, dtype=low_np.dtype).reshape(shape)
+        return rng, b.from_numpy(out_i, dtype=dtype, device=device)
+    expo = -np.log1p(-np.minimum(u, 1 - 1e-12))
+    fl, fh = np.isfinite(lo), np.isfinite(hi)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = np.where(fl & fh, lo + u * (hi - lo), np.where(fl, lo + expo, np.where(fh, hi - expo, n)))
+    out = np.clip(out, lo, hi).astype(low_np.dtype)
+    out = np.clip(out, low_np, high_np)
+    return rng, b.from_numpy(out, dtype=dtype, device=device)
+
+
+def bounds_repr(backend: Any, a: np.ndarray, abbreviate: bool) -> str:
+    """Bounds for `get_repr`: the values (one number when constant) or `<array shape>` for many varying ones."""
+    shown = backend.abbreviate_array(a) if abbreviate or a.size > 8 else a.tolist()
+    if isinstance(shown, np.ndarray) or not isinstance(shown, (int, float, list)):
+        return f"<array {a.shape}>"
+    return str(shown)
+
+
 class BoxSpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGType]):
     """An array of `shape` and `dtype` (real floating or integer) whose elements lie in `[low, high]`.
 
@@ -200,57 +273,16 @@ class BoxSpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGT
         """True for an array of this backend with the box's shape, a dtype that casts to the box's without loss
         (the same dtype, or e.g. bool / uint8 in float32, as the reference accepts), and values within the
         bounds. A query only: storages apply their own conversion rules when writing."""
-        b = self._backend
-        if isinstance(x, np.generic) and b.simplified_name == "numpy":
-            x = np.asarray(x)
-        if not b.is_backendarray(x) or tuple(x.shape) != self.shape:
+        x = as_member_array(self._backend, x)
+        if x is None or tuple(x.shape) != self.shape:
             return False
-        dst = b.dtype_name(self._dtype)
-        if x.dtype == self._dtype:
-            src = dst
-        else:
-            # another dtype is a member only when every value of it survives the cast to the box's dtype (a bool
-            # or uint8 array in a float32 box), as the reference's `can_cast`; float64 in a float32 box is not
-            try:
-                src = b.dtype_name(x.dtype)
-            except ValueError:          # complex, strings, ...
-                return False
-            if not is_lossless(src, dst):
-                return False
-        a = b.to_numpy(x)
-        if src == "bfloat16":  # raw bits (torch) or ml_dtypes' bfloat16 values (JAX)
-            a = (a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a.astype(np.float32)
-        with np.errstate(invalid="ignore"):
-            return bool(np.all(a >= self._low_np) and np.all(a <= self._high_np))
+        return values_within(self._backend, x, self._dtype, self._low_np, self._high_np)
 
     def clip(self, x: Any) -> Any:
-        b = self._backend
-        return b.from_numpy(np.clip(b.to_numpy(x), self._low_np, self._high_np).astype(self._low_np.dtype),
-                            dtype=self._dtype, device=self._device)
+        return clip_within(self._backend, x, self._low_np, self._high_np, self._dtype, self._device)
 
     def sample(self, rng: Any) -> Tuple[Any, Any]:
-        b = self._backend
-        rng, u = b.random.random_uniform(self.shape, rng=rng, dtype=b.dtype_from_name("float64") if b.simplified_name != "jax" else None)
-        rng, n = b.random.random_normal(self.shape, rng=rng)
-        u = np.asarray(b.to_numpy(u), dtype=np.float64)
-        n = np.asarray(b.to_numpy(n), dtype=np.float64)
-        lo = self._low_np.astype(np.float64)
-        hi = self._high_np.astype(np.float64)
-        if self._low_np.dtype.kind in "iu":
-            if self._low_np.size == 0 or (np.abs(lo).max() < 2 ** 52 and np.abs(hi).max() < 2 ** 52):
-                out_i = np.minimum(np.floor(lo + u * (hi - lo + 1.0)), hi).astype(self._low_np.dtype)
-            else:  # beyond float precision: offsets in float, bounds and sums as exact Python ints
-                vals = [min(lv + int(np.floor(r * float(hv - lv + 1))), hv) for lv, hv, r in
-                        zip(self._low_np.reshape(-1).tolist(), self._high_np.reshape(-1).tolist(), u.reshape(-1).tolist())]
-                out_i = np.array(vals, dtype=self._low_np.dtype).reshape(self.shape)
-            return rng, b.from_numpy(out_i, dtype=self._dtype, device=self._device)
-        expo = -np.log1p(-np.minimum(u, 1 - 1e-12))
-        fl, fh = np.isfinite(lo), np.isfinite(hi)
-        with np.errstate(invalid="ignore", over="ignore"):
-            out = np.where(fl & fh, lo + u * (hi - lo), np.where(fl, lo + expo, np.where(fh, hi - expo, n)))
-        out = np.clip(out, lo, hi).astype(self._low_np.dtype)
-        out = np.clip(out, self._low_np, self._high_np)
-        return rng, b.from_numpy(out, dtype=self._dtype, device=self._device)
+        return sample_within(self._backend, rng, self._low_np, self._high_np, self._dtype, self._device)
 
     def create_empty(self) -> Any:
         return self._backend.from_numpy(np.zeros(self.shape, dtype=self._low_np.dtype), dtype=self._dtype,
@@ -261,16 +293,18 @@ class BoxSpace(ArraySpaceMixin, Space[BArrayType, BDeviceType, BDtypeType, BRNGT
 
     def get_repr(self, abbreviate: bool = False, include_backend: bool = True, include_device: bool = True,
                  include_dtype: bool = True) -> str:
-        lo = self._backend.abbreviate_array(self._low_np) if abbreviate or self._low_np.size > 8 else self._low_np.tolist()
-        hi = self._backend.abbreviate_array(self._high_np) if abbreviate or self._high_np.size > 8 else self._high_np.tolist()
-        if isinstance(lo, np.ndarray) or not isinstance(lo, (int, float, list)):
-            lo = f"<array {self._low_np.shape}>"
-        if isinstance(hi, np.ndarray) or not isinstance(hi, (int, float, list)):
-            hi = f"<array {self._high_np.shape}>"
+        lo = bounds_repr(self._backend, self._low_np, abbreviate)
+        hi = bounds_repr(self._backend, self._high_np, abbreviate)
         parts = [f"low={lo}", f"high={hi}", f"shape={self.shape}"]
         if include_dtype:
             parts.append(f"dtype={self._backend.dtype_name(self._dtype)}")
         return self._repr("BoxSpace", parts, include_backend, include_device)
+
+    def is_subspaceeq(self, other: Space) -> bool:
+        """True when `other` is a Box of the same backend, shape and dtype whose bounds enclose this one's."""
+        return (isinstance(other, BoxSpace) and other.backend is self._backend and other.shape == self.shape
+                and other.dtype == self._dtype and bool(np.all(other.low_numpy <= self._low_np))
+                and bool(np.all(other.high_numpy >= self._high_np)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BoxSpace) or type(other) is not type(self):

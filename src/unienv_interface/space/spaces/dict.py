@@ -6,7 +6,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 from unienv_interface.backends.base import BDeviceType, BDtypeType, BRNGType
 
 from ..metadata import SpaceMetadata
-from ..space import Space
+from ..space import Space, common_device
 
 
 def _sorted_items(items: Sequence[Tuple[Any, Any]]) -> Sequence[Tuple[Any, Any]]:
@@ -45,9 +45,7 @@ class DictSpace(Space[Dict[str, Any], BDeviceType, BDtypeType, BRNGType]):
                 raise ValueError(f"duplicate DictSpace key {key!r}")
             children[key] = sp
         if device is None:
-            devices = {str(c.device) for c in children.values() if c.device is not None}
-            if len(devices) == 1:
-                device = next(c.device for c in children.values() if c.device is not None)
+            device = common_device(children.values())
         super().__init__(backend, shape=None, device=device, dtype=None, metadata=metadata)
         self.spaces: Dict[str, Space] = children
 
@@ -109,6 +107,12 @@ class DictSpace(Space[Dict[str, Any], BDeviceType, BDtypeType, BRNGType]):
                  include_dtype: bool = True) -> str:
         inner = ", ".join(f"{k!r}: {s.get_repr(abbreviate, False, False, include_dtype)}" for k, s in self.spaces.items())
         return f"DictSpace({{{inner}}}" + (f", backend={self._backend}" if include_backend else "") + ")"
+
+    def is_subspaceeq(self, other: Space) -> bool:
+        """True when `other` is a DictSpace of the same backend with every key of this one (it may have more),
+        each child a subspace of `other`'s (the "required observation keys" check)."""
+        return (isinstance(other, DictSpace) and other.backend is self._backend
+                and all(k in other.spaces and s.is_subspaceeq(other.spaces[k]) for k, s in self.spaces.items()))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DictSpace) and other.backend is self._backend and other.spaces == self.spaces

@@ -72,6 +72,17 @@ class TextSpace(Space[str, BDeviceType, BDtypeType, BRNGType]):
         cs = "" if self.charset is None else f", charset={''.join(self.charset_list or [])!r}"
         return f"TextSpace(min_length={self.min_length}, max_length={self.max_length}{cs})"
 
+    def is_subspaceeq(self, other: Space) -> bool:
+        """True when `other` is a TextSpace of the same backend whose length range encloses this one's and whose
+        charset holds this one's (a space without a charset is a subspace only of another without one)."""
+        if not (isinstance(other, TextSpace) and other.backend is self._backend):
+            return False
+        if self.min_length < other.min_length or self.max_length > other.max_length:
+            return False
+        if self.charset is None or other.charset is None:
+            return other.charset is None
+        return self.charset <= other.charset
+
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, TextSpace) and other.backend is self._backend and other.max_length == self.max_length
                 and other.min_length == self.min_length and other.charset == self.charset)

@@ -67,6 +67,11 @@ class TupleSpace(Space[Tuple[Any, ...], BDeviceType, BDtypeType, BRNGType]):
                  include_dtype: bool = True) -> str:
         return "TupleSpace(" + ", ".join(s.get_repr(abbreviate, False, False, include_dtype) for s in self.spaces) + ")"
 
+    def is_subspaceeq(self, other: Space) -> bool:
+        """True when `other` is a TupleSpace of the same backend and length, each child a subspace of `other`'s."""
+        return (isinstance(other, TupleSpace) and other.backend is self._backend and len(other) == len(self)
+                and all(a.is_subspaceeq(b) for a, b in zip(self.spaces, other.spaces)))
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TupleSpace) and other.backend is self._backend and other.spaces == self.spaces
 

@@ -347,6 +347,28 @@ def test_write_rows_and_read_rows_into_round_trip_strided_and_contiguous(tmp_pat
         read_rows_into(str(tmp_path / "contiguous"), too_many)
 
 
+def test_large_reads_split_over_threads_keep_every_byte_and_report_truncation(tmp_path: Any, monkeypatch: Any) -> None:
+    """Reads from the parallel-read size on are split into page-aligned parts, one per IO thread: the bytes land
+    where a single read puts them (sizes that are no multiple of the page or of the thread count included), and a
+    file shorter than the array is a StorageFormatError whichever part runs past its end."""
+    from unienv_data.base.errors import StorageFormatError
+    from unienv_data.storages import _array_file
+    from unienv_data.storages._io_pool import IO_POOL_WORKERS
+    if IO_POOL_WORKERS < 2 or not hasattr(os, "preadv"):
+        pytest.skip("one IO thread, or no preadv: reads are never split here")
+    monkeypatch.setattr(_array_file, "_PARALLEL_READ_BYTES", 1)
+    rng = np.random.default_rng(3)
+    for nbytes in (1, 4095, 4096 * 3 + 17, 1 << 20):
+        src = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        path = str(tmp_path / f"rows{nbytes}")
+        src.tofile(path)
+        back = np.zeros(nbytes, np.uint8)
+        _array_file.read_rows_into(path, back)
+        assert np.array_equal(back, src), nbytes
+        with pytest.raises(StorageFormatError, match="truncated"):
+            _array_file.read_rows_into(path, np.zeros(nbytes + 4096 * 2 + 1, np.uint8))
+
+
 @pytest.mark.parametrize("cls, space", [(PytorchTensorStorage, BoxSpace(TB, -10.0, 10.0, torch.float32, shape=(3,))),
                                         (NumpyMemmapStorage, BoxSpace(NB, -10.0, 10.0, np.float32, shape=(3,)))])
 def test_ram_dump_and_load_into_ram_copy_the_rows_exactly(tmp_path: Any, cls: Any, space: Any) -> None:

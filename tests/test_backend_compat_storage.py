@@ -391,3 +391,29 @@ def test_a_recorded_inner_backend_the_inner_storage_cannot_take_is_a_format_erro
     json.dump(meta, open(meta_file, "w"))
     with pytest.raises(StorageFormatError, match="backend_metadata.json"):
         ToBackendOrDeviceStorage.load_from(d, space)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine lacks")
+def test_a_device_this_machine_lacks_is_refused_where_the_dataset_is_opened(tmp_path: Any) -> None:
+    """`ReplayBuffer.load_from(..., device="cuda")` without CUDA (and a device NumPy cannot hold, and a device
+    `space.to` / a `ToBackendOrDeviceStorage` is asked for) raises ValueError naming the device at once, not a raw
+    AssertionError from torch at the first read."""
+    from unienv_data.replay_buffer import ReplayBuffer
+    space = DictSpace(NB, {"a": BoxSpace(NB, -1.0, 1.0, np.float32, shape=(2,))})
+    path = str(tmp_path / "rb")
+    rb = ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, capacity=4, cache_path=path)
+    rb.append({"a": np.zeros(2, np.float32)})
+    rb.mark_segment_end()
+    rb.close()
+    with pytest.raises(ValueError, match="'cuda'.*pass device=None or 'cpu'"):
+        ReplayBuffer.load_from(path, backend="torch", device="cuda")
+    with pytest.raises(ValueError, match="NumPy arrays live on the host.*'cuda'"):
+        ReplayBuffer.load_from(path, backend="numpy", device="cuda")
+    with pytest.raises(ValueError, match="'cuda'"):
+        space.to(backend=TB, device="cuda")
+    with pytest.raises(ValueError, match="'cuda'"):
+        ToBackendOrDeviceStorage.create(BoxSpace(TB, -1.0, 1.0, torch.float32, shape=(3,)), PytorchTensorStorage,
+                                        device="cuda", capacity=2)
+    back = ReplayBuffer.load_from(path, backend="torch", device="cpu")     # a device it has: served
+    assert back[0]["a"].device.type == "cpu"
+    back.close()

@@ -808,6 +808,44 @@ def test_flattened_close_compacts_its_log_and_dumps_elsewhere_carry_none(tmp_pat
     dumped.close()
 
 
+def test_flattened_dumps_into_its_own_directory_rewrite_the_log_only_when_it_changed(tmp_path: Any) -> None:
+    """A `dumps` into the storage's own directory after another one with no commit in between leaves the log's one
+    base record as it is (the same file); a storage reopened and dumped without a commit removes the log it was
+    opened with (its files hold the same state); each time the directory reopens with the same episodes."""
+    space = _flat_ring_space()
+    path = str(tmp_path / "flat")
+    log = os.path.join(path, "flattened_commit.log")
+    st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
+    pos = 0
+    for e in range(3):
+        st.mark_segment_start(pos % RING)
+        for t in range(FLAT_LENS[e]):
+            st.append(_flat_ring_step(e, t))
+        st.mark_segment_end()
+        pos += FLAT_LENS[e]
+    segs = st.episode_segments()
+    st.dumps(path)
+    first = os.stat(log)
+    st.dumps(path)
+    again = os.stat(log)
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    st.mark_segment_start(pos % RING)               # a commit: the next dumps writes a new base
+    st.append(_flat_ring_step(3, 0))
+    st.mark_segment_end()
+    segs = st.episode_segments()
+    st.dumps(path)
+    assert os.stat(log).st_ino != first.st_ino
+    st.close()
+    back = FlattenedStorage.load_from(path, space, read_only=False)
+    assert back.episode_segments() == segs
+    back.dumps(path)                                # nothing committed since it opened: the files say it all
+    assert not os.path.exists(log)
+    back.close()
+    reopened = FlattenedStorage.load_from(path, space)
+    assert reopened.episode_segments() == segs
+    reopened.close()
+
+
 def test_flattened_child_of_a_logging_dict_storage_keeps_no_log_of_its_own(tmp_path: Any) -> None:
     """In the native layout the DictStorage's log holds its FlattenedStorage children's state: no
     `flattened_commit.log` is ever written in their directories (one commit record per episode), and a

@@ -249,6 +249,26 @@ def test_reference_style_create_and_load(tmp_path: Any) -> None:
     rb3.close()
 
 
+def test_a_directory_left_by_an_unfinished_create_says_how_to_start_again(tmp_path: Any) -> None:
+    """A create killed before it wrote `metadata.json` leaves a directory that create() refuses to replace: opening
+    it names the unfinished create and the `overwrite=True` that replaces it, and that create then works."""
+    space = DictSpace(NumpyComputeBackend, {"a": BoxSpace(NumpyComputeBackend, -1.0, 1.0, np.float32, shape=(2,))})
+    path = str(tmp_path / "rb")
+    rb = ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, capacity=4, cache_path=path)
+    rb.close()
+    os.unlink(os.path.join(path, "metadata.json"))          # what a create killed before its metadata leaves
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, capacity=4, cache_path=path)
+    with pytest.raises(FileNotFoundError, match="did not finish.*overwrite=True"):
+        ReplayBuffer.load_from(path, backend=NumpyComputeBackend)
+    again = ReplayBuffer.create(FlattenedStorage, space, NumpyMemmapStorage, capacity=4, cache_path=path,
+                                overwrite=True)
+    again.append({"a": np.ones(2, np.float32)})
+    again.mark_segment_end()
+    again.close()
+    assert len(ReplayBuffer.load_from(path, backend=NumpyComputeBackend)) == 1
+
+
 def test_a_backend_typo_is_the_callers_error_and_a_read_only_load_says_how_to_append(tmp_path: Any) -> None:
     d = os.fspath(tmp_path / "buf")
     rb = _torch_memmap_create(d, 8)

@@ -34,6 +34,12 @@ def _refuse_foreign_folder(path: str, meta_path: str) -> None:
             "ReplayBuffer: read it in place with unienv_data.integrations.lerobot.LeRobotAsUniEnvDataset.from_local("
             f"{path!r}, backend), or convert it once with `unienv-data convert {shlex.quote(path)} DST --from lerobot` and open DST "
             "with ReplayBuffer.load_from")
+    if os.listdir(path):
+        raise StorageNotFoundError(
+            f"ReplayBuffer metadata not found: {meta_path}, though {path} holds files: a ReplayBuffer.create() that "
+            "did not finish (the process died while creating it) leaves such a directory, and nothing in it was "
+            "committed. Create the buffer again with ReplayBuffer.create(..., cache_path=" + repr(path) + ", "
+            "overwrite=True), or pass a new directory")
 
 
 def read_metadata(path: PathLike) -> Dict[str, Any]:

@@ -289,6 +289,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         registry, never from an import.
         """
         backend = resolve_backend(backend)      # the caller's typo is theirs, not the file's: checked first
+        backend.check_device(device)            # a device this machine lacks fails here, not at the first read
         if "capacity" in storage_kwargs:
             raise TypeError(f"ReplayBuffer.load_from does not take capacity= (got {storage_kwargs['capacity']!r}): the "
                             f"capacity is fixed when the buffer is created and read from {METADATA_FILE}; to change "

@@ -206,10 +206,13 @@ class LeafCommitLog:
         self._capacity = self._leaves[0].capacity
         self._logged_runs: Optional[List[List[int]]] = None      # the segment list the file holds (once started)
         self._started = False
+        #: the `(length, runs)` of the base record when nothing was appended after it (a compaction to the same
+        #: state then rewrites nothing)
+        self._clean_base: Optional[Tuple[int, List[List[int]]]] = None
         self._active = True
         previous = {id(h): h for h in map(_holder, self._leaves) if h is not None and h is not self}
         if not lazy or previous:
-            self.compact()          # the base record first: the log it takes the leaves from is removed after
+            self._write_base(*self.state())   # the base record first: the log it takes the leaves from is removed after
         for h in previous.values():
             h.retire()
         for leaf in self._leaves:
@@ -243,6 +246,7 @@ class LeafCommitLog:
         elif runs != self._logged_runs:
             self._file.append({"t": "segs", "len": len(leaf), "runs": runs})
             self._logged_runs = runs
+            self._clean_base = None
 
     def record_commit(self, leaf: Optional[SpaceStorage] = None) -> None:
         """A commit point: one record of the leaves' state, written after their rows (the owner calls it; with
@@ -258,6 +262,7 @@ class LeafCommitLog:
             self._write_base(length, runs)
             return
         before = self._logged_runs
+        self._clean_base = None
         if runs == before:
             self._file.append({"t": "len", "len": length})
         elif before is not None and len(runs) == len(before) + 1 and runs[:-1] == before:
@@ -279,11 +284,22 @@ class LeafCommitLog:
         """Replaces the log with one base record of the current state (after the leaves wrote their own files, so
         that the files alone describe them again)."""
         if self._active:
-            self._write_base(*self.state())
+            self._compact_to(*self.state())
+
+    def _compact_to(self, length: int, runs: List[List[int]]) -> None:
+        """`compact` to a known state. A log that recorded nothing yet holds no news: its file (the state the
+        storage was opened with, if any) goes, and the next record starts a new one with its base. A log whose only
+        record is a base of this very state is left as it is (a `dumps` after `dumps` rewrites nothing)."""
+        if not self._started:
+            self._file.close()
+            remove_if_present(self._file.path)
+        elif self._clean_base != (length, runs):
+            self._write_base(length, runs)
 
     def _write_base(self, length: int, runs: List[List[int]]) -> None:
         self._file.compact(length, [(a, b) for a, b in runs])
         self._logged_runs = runs
+        self._clean_base = (length, runs)
         self._started = True
 
     def close(self, close_leaves: Optional[Callable[[], None]] = None, *, compact: bool = True) -> None:
@@ -302,7 +318,7 @@ class LeafCommitLog:
         finally:
             self._file.close()
         if state is not None:
-            self._write_base(*state)
+            self._compact_to(*state)
 
     def retire(self) -> None:
         """Hands the leaves over to another log: stops logging and removes the file (that log holds the state)."""

@@ -219,6 +219,13 @@ class ComputeBackend(Generic[BArrayType, BDeviceType, BDtypeType, BRNGType], met
     def deserialize_device(cls, device: Optional[str]) -> Any:
         return device
 
+    @classmethod
+    def check_device(cls, device: Any) -> Any:
+        """`device` when arrays of this backend can be placed there on this machine (None: the default device);
+        ValueError naming the device and what is available otherwise, so a dataset opened for a missing device
+        fails where it is opened, not at its first read."""
+        return device
+
     # ----------------------------------------------------------------- helpers
     @classmethod
     def at(cls, x: Any) -> _AtSetter:

@@ -107,9 +107,14 @@ class NumpyComputeBackend(ComputeBackend[np.ndarray, Any, np.dtype, np.random.Ge
 
     @classmethod
     def to_device(cls, x: Any, device: Any) -> Any:
+        cls.check_device(device)
+        return x
+
+    @classmethod
+    def check_device(cls, device: Any) -> Any:
         if device not in (None, "cpu"):
             raise ValueError(f"NumPy arrays live on the host; device must be None or 'cpu', got {device!r}")
-        return x
+        return device
 
     @classmethod
     def dtype_name(cls, dtype: Any) -> str:

@@ -83,6 +83,10 @@ class _TorchRandom:
         return rng, torch.randperm(int(n), generator=rng, dtype=dtype or torch.int64, device=_dev(device))
 
 
+#: devices `check_device` has already placed a tensor on
+_REACHABLE_DEVICES: set = set()
+
+
 class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str], torch.dtype, torch.Generator]):
     """PyTorch tensors on any device. The default integer dtype is int32 (so Binary leaves flatten to int32)."""
 
@@ -178,3 +182,20 @@ class PyTorchComputeBackend(ComputeBackend[torch.Tensor, Union[torch.device, str
     @classmethod
     def deserialize_device(cls, device: Optional[str]) -> Optional[torch.device]:
         return None if device is None else torch.device(device)
+
+    @classmethod
+    def check_device(cls, device: Any) -> Any:
+        if device is None:
+            return None
+        key = str(device)
+        if key in _REACHABLE_DEVICES:
+            return device
+        try:
+            torch.empty(0, device=device)   # what a read would do first; torch asserts for a missing CUDA
+        except (AssertionError, RuntimeError, TypeError, ValueError) as exc:
+            cuda = "available" if torch.cuda.is_available() else "not available"
+            raise ValueError(f"PyTorch cannot place tensors on device {device!r} here ({exc}); CUDA is {cuda} "
+                             f"(torch {torch.__version__}): pass device=None or 'cpu', or a device this machine "
+                             "has") from None
+        _REACHABLE_DEVICES.add(key)
+        return device

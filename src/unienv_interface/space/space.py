@@ -149,6 +149,8 @@ def resolve_backend_device(space: Space, backend: Any, device: Any) -> Tuple[Any
     target_backend = space.backend if backend is None else resolve_backend(backend)
     if device is None:
         device = space.device if target_backend is space.backend else None
+    else:
+        target_backend.check_device(device)
     return target_backend, device
 
 

@@ -115,6 +115,7 @@ class LogFile:
         self.path = path
         self._fd: Optional[int] = None
         self._size = 0
+        self._removed = False       # `remove()` removed the file and nothing was written since
 
     def append(self, record: Dict[str, Any]) -> None:
         """Appends one record (fsync'ed when durable, see `base.files.set_durable`)."""
@@ -133,6 +134,7 @@ class LogFile:
                                          "one; remove the link") from None
             self._size = os.fstat(self._fd).st_size
         line = _line(record)
+        self._removed = False
         os.write(self._fd, line)
         self._size += len(line)
         if is_durable():
@@ -146,9 +148,17 @@ class LogFile:
     def compact(self, length: int, runs: Runs) -> None:
         """Replaces the log with one base record (write a temporary file, rename over the log)."""
         self.close()
+        self._removed = False
         with replacing_file(self.path) as tmp:
             with open(tmp, "wb") as f:
                 f.write(_line({"t": "base", "len": int(length), "runs": [[int(s), int(n)] for s, n in runs]}))
+
+    def remove(self) -> None:
+        """Closes and removes the file (once: a log this writer removed stays absent until it writes again)."""
+        self.close()
+        if not self._removed:
+            remove_if_present(self.path)
+            self._removed = True
 
     def close(self) -> None:
         """Closes the file (the next `append` reopens it)."""
@@ -291,8 +301,7 @@ class LeafCommitLog:
         storage was opened with, if any) goes, and the next record starts a new one with its base. A log whose only
         record is a base of this very state is left as it is (a `dumps` after `dumps` rewrites nothing)."""
         if not self._started:
-            self._file.close()
-            remove_if_present(self._file.path)
+            self._file.remove()
         elif self._clean_base != (length, runs):
             self._write_base(length, runs)
 
@@ -323,8 +332,7 @@ class LeafCommitLog:
     def retire(self) -> None:
         """Hands the leaves over to another log: stops logging and removes the file (that log holds the state)."""
         self._detach()
-        self._file.close()
-        remove_if_present(self._file.path)
+        self._file.remove()
 
     def _detach(self) -> None:
         self._active = False

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 import numpy as np
 
 from unienv_data.base.errors import StorageFormatError
-from unienv_data.base.files import FORMAT_VERSION, PathLike
+from unienv_data.base.files import FORMAT_VERSION, PathLike, encoded_json
 from unienv_data.base.indexing import normalize_index
 from unienv_data.base.registry import storage_type_name
 from unienv_data.base.segment_writer import BufferedSegmentWriter, MappedSegmentWriter, SegmentWriter
@@ -427,7 +427,8 @@ class FlattenedStorage(WrappedStorage[BatchT, BArrayType, BDeviceType, BDtypeTyp
         if static is None:
             static = self._static_metadata = {
                 "row": {"dtype": self.backend.dtype_name(self._plan.flat_space.dtype), "width": self._plan.width},
-                "layout": self._plan.layout_json(), "space": space_to_json(self.single_instance_space)}
+                "layout": encoded_json(self._plan.layout_json()),
+                "space": encoded_json(space_to_json(self.single_instance_space))}
         return {"storage_type": "FlattenedStorage", "inner_storage_type": storage_type_name(type(self.inner_storage)),
                 "inner_storage_path": os.fspath(self.inner_storage_path), "format_version": FORMAT_VERSION,
                 "capacity": self.inner_storage.capacity, **static}

@@ -208,7 +208,11 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self.abort_segment()
         log = self.segment_log()
         if log is not None:
+            before = log.version
             log.clear()
+            self._seg_clear_rows = 0
+            if log.version != before:
+                self.on_segments_dropped()      # persisted before any row of a dropped segment is overwritten
         if self.capacity is None:
             n = len(self)
             if n:

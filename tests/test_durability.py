@@ -644,6 +644,17 @@ def _flat_ring_step(e: int, t: int) -> dict:
     return {"obs": np.array([e, t, FLAT_LENS[e]], np.float32), "x": np.float32(1000 * e + t)}
 
 
+def _record_flat_episodes(st: Any, episodes: range, pos: int) -> int:
+    """Appends episodes `episodes` (lengths FLAT_LENS) into the ring from position `pos`; the next position."""
+    for e in episodes:
+        st.mark_segment_start(pos % RING)
+        for t in range(FLAT_LENS[e]):
+            st.append(_flat_ring_step(e, t))
+        st.mark_segment_end()
+        pos += FLAT_LENS[e]
+    return pos
+
+
 def _listed_episodes(rb: ReplayBuffer) -> list:
     """`(episode, first step, last step)` of every listed segment, checking that its rows are consecutive steps of
     one recorded episode with the values that episode wrote."""
@@ -766,13 +777,7 @@ def test_flattened_close_compacts_its_log_and_dumps_elsewhere_carry_none(tmp_pat
     st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
     log, side = os.path.join(path, "flattened_commit.log"), os.path.join(path, "inner_storage.memmap.meta.json")
     assert not os.path.exists(log)                  # written at the first commit point
-    pos = 0
-    for e in range(5):                              # 25 steps through a ring of 16
-        st.mark_segment_start(pos % RING)
-        for t in range(FLAT_LENS[e]):
-            st.append(_flat_ring_step(e, t))
-        st.mark_segment_end()
-        pos += FLAT_LENS[e]
+    pos = _record_flat_episodes(st, range(5), 0)    # 25 steps through a ring of 16
     segs = st.episode_segments()
     with open(log, "rb") as f:
         assert len(f.read().splitlines()) >= 5
@@ -816,13 +821,7 @@ def test_flattened_dumps_into_its_own_directory_rewrite_the_log_only_when_it_cha
     path = str(tmp_path / "flat")
     log = os.path.join(path, "flattened_commit.log")
     st = FlattenedStorage.create(space, NumpyMemmapStorage, capacity=RING, cache_path=path)
-    pos = 0
-    for e in range(3):
-        st.mark_segment_start(pos % RING)
-        for t in range(FLAT_LENS[e]):
-            st.append(_flat_ring_step(e, t))
-        st.mark_segment_end()
-        pos += FLAT_LENS[e]
+    pos = _record_flat_episodes(st, range(3), 0)
     segs = st.episode_segments()
     st.dumps(path)
     first = os.stat(log)

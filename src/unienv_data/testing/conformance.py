@@ -731,55 +731,55 @@ class StorageConformance:
                 except AssertionError as exc:
                     raise AssertionError(hint.format(f"row {i} differs: {exc}")) from None
 
-    def test_dropped_segments_persisted_before_overwrite(self, tmp_path: Any) -> None:
-        """A segment dropped because a new segment starts overwriting its rows is gone from the files *before*
-        those rows are written (`on_segments_dropped` hook): a fresh `load` of the cache path (no close, as after a
-        crash) never lists it."""
+    def _storage_persisting_segments(self, tmp_path: Any) -> Tuple[Any, Any]:
+        """A new storage with its own cache path, for the tests of what its files list after a row is overwritten
+        (skipped for staged open segments and storages that keep no segment list in their files)."""
         if not self.open_segment_rows_readable:
             pytest.skip("the open segment is staged: recorded rows are overwritten only at mark_segment_end")
         st = self.new_storage(tmp_path)
         own = self._own_cache_path(st)
         if not st.has_persistent_segments():
             pytest.skip("the storage does not persist its own segment list")
+        return st, own
+
+    def _assert_row0_in_no_listed_segment(self, st: Any, own: Any, after: str, fix: str) -> None:
+        """A fresh `load` of `own` (no close, as after a crash) lists no segment holding row 0, which an append
+        just overwrote; then the open segment is aborted."""
+        fresh = self.load(own, True)
+        self._opened.append(fresh)
+        listed = fresh.episode_segments()
+        stale = [r for r in listed if r[0] <= 0 <= r[1] or (r[1] < r[0])]
+        assert not stale, (
+            f"{type(st).__name__}: after {after}, a fresh load of {own!r} still lists {stale} (all listed: "
+            f"{listed}); a crash now would leave a segment whose rows hold other data. {fix}")
+        st.abort_segment()
+
+    def test_dropped_segments_persisted_before_overwrite(self, tmp_path: Any) -> None:
+        """A segment dropped because a new segment starts overwriting its rows is gone from the files *before*
+        those rows are written (`on_segments_dropped` hook): a fresh `load` of the cache path (no close, as after a
+        crash) never lists it."""
+        st, own = self._storage_persisting_segments(tmp_path)
         c = self.capacity
         self.append_segment(st, 0, 3)
         self.append_segment(st, 3, c - 3)
         st.mark_segment_start(0)
         st.append(self.values(1)[0])        # cuts row 0 out of the segment (0, 2): that segment is dropped
-        fresh = self.load(own, True)
-        self._opened.append(fresh)
-        listed = fresh.episode_segments()
-        stale = [r for r in listed if r[0] <= 0 <= r[1] or (r[1] < r[0])]
-        assert not stale, (
-            f"{type(st).__name__}: after an append overwrote row 0, a fresh load of {own!r} still lists {stale} "
-            f"(all listed: {listed}); a crash now would leave a segment whose rows hold other data. Persist the "
-            "shorter segment list in the `on_segments_dropped()` hook (SpaceStorage calls it after dropping "
-            "segments and before writing their rows)")
-        st.abort_segment()
+        self._assert_row0_in_no_listed_segment(
+            st, own, "an append overwrote row 0", "Persist the shorter segment list in the `on_segments_dropped()` "
+            "hook (SpaceStorage calls it after dropping segments and before writing their rows)")
 
     def test_cleared_segments_persisted_before_overwrite(self, tmp_path: Any) -> None:
         """`clear()` forgets every segment in the files too, before a later append overwrites their rows: a fresh
         `load` of the cache path (no close, as after a crash) after `clear()` and one append lists no segment
         holding the new row."""
-        if not self.open_segment_rows_readable:
-            pytest.skip("the open segment is staged: recorded rows are overwritten only at mark_segment_end")
-        st = self.new_storage(tmp_path)
-        own = self._own_cache_path(st)
-        if not st.has_persistent_segments():
-            pytest.skip("the storage does not persist its own segment list")
+        st, own = self._storage_persisting_segments(tmp_path)
         self.append_segment(st, 0, 3)
         st.clear()
         st.mark_segment_start(0)
         st.append(self.values(1)[0])        # overwrites row 0 of the cleared segment (0, 2)
-        fresh = self.load(own, True)
-        self._opened.append(fresh)
-        listed = fresh.episode_segments()
-        stale = [r for r in listed if r[0] <= 0 <= r[1] or (r[1] < r[0])]
-        assert not stale, (
-            f"{type(st).__name__}: after clear() and an append over row 0, a fresh load of {own!r} still lists "
-            f"{stale} (all listed: {listed}); a crash now would leave a segment whose rows hold other data. "
-            "`SpaceStorage.clear()` calls the `on_segments_dropped()` hook: persist the segment list there")
-        st.abort_segment()
+        self._assert_row0_in_no_listed_segment(
+            st, own, "clear() and an append over row 0", "`SpaceStorage.clear()` calls the `on_segments_dropped()` "
+            "hook: persist the segment list there")
 
     def test_read_only_refuses_writes(self, tmp_path: Any) -> None:
         st, model = self._storage_with_segments(tmp_path)

@@ -5,7 +5,6 @@ field) never reopens with that row visible. Checked here on copies of the direct
 SIGKILL leaves); tests/test_crash_trials.py kills real writers inside those writes."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from typing import Any, Dict, List, Tuple
@@ -15,7 +14,10 @@ import pytest
 
 from unienv_data.base.ring import run_inside, window_before_overwrite
 from unienv_data.replay_buffer import ReplayBuffer
+from unienv_data.replay_buffer._buffer_log import BUFFER_LOG_FILE
+from unienv_data.replay_buffer._metadata import read_metadata
 from unienv_data.replay_buffer.replay_buffer import GUARD_SLACK_ROWS
+from unienv_data.storages._commit_log import read_records
 from unienv_data.storages.flattened import FlattenedStorage
 from unienv_data.storages.numpy_memmap import NumpyMemmapStorage
 from unienv_interface.backends import NumpyComputeBackend as NB
@@ -130,27 +132,32 @@ def test_a_wrapping_ring_never_shows_a_row_written_after_its_last_commit(tmp_pat
 
 
 @pytest.mark.parametrize("kind", ["h5", "flat"])
-def test_one_metadata_rewrite_per_overwritten_episode(tmp_path: Any, kind: str) -> None:
+def test_one_state_record_per_overwritten_episode(tmp_path: Any, kind: str) -> None:
+    """While a full ring is overwritten episode by episode, the directory gives up the oldest episode's rows once, at
+    the episode's first row (one record appended to `buffer_commit.log`, metadata.json untouched), and the commit
+    point restores the full window with one more record."""
     path = os.fspath(tmp_path / "rb")
     rb = _create(kind, path, 16, True)
     meta = os.path.join(path, "metadata.json")
+    log = os.path.join(path, BUFFER_LOG_FILE)
     for e in range(4):                          # four episodes of 4 fill the ring exactly
         for t in range(4):
             rb.append(_row(e, t))
         rb.mark_segment_end()
+    inode = os.stat(meta).st_ino
     for e in range(4, 8):
-        inodes = set()
+        records = set()
         for t in range(4):
             rb.append(_row(e, t))
-            inodes.add(os.stat(meta).st_ino)
-            with open(meta) as f:
-                on_disk = json.load(f)
+            records.add(len(read_records(log)))
+            on_disk = read_metadata(path)
             assert (on_disk["offset"], on_disk["count"]) == ((4 * (e - 3)) % 16, 12), (e, t, on_disk)
-        assert len(inodes) == 1, (e, inodes)    # given up once, at the episode's first row
+        assert len(records) == 1, (e, records)  # given up once, at the episode's first row
         rb.mark_segment_end()
-        with open(meta) as f:
-            assert json.load(f)["count"] == 16  # the commit point restores the full window
+        assert read_metadata(path)["count"] == 16  # the commit point restores the full window
+    assert os.stat(meta).st_ino == inode        # every commit point and give-up was a record of the log
     rb.close()
+    assert not os.path.exists(log) and read_metadata(path)["count"] == 16   # close folds the log into the file
 
 
 def test_a_ring_without_episodes_gives_up_the_slack_at_a_time(tmp_path: Any) -> None:
@@ -165,8 +172,7 @@ def test_a_ring_without_episodes_gives_up_the_slack_at_a_time(tmp_path: Any) -> 
     seen = []
     for i in range(2 * GUARD_SLACK_ROWS):
         rb.append(_row(1, i))
-        with open(meta) as f:
-            on_disk = json.load(f)
+        on_disk = read_metadata(path)
         seen.append((on_disk["offset"], on_disk["count"]))
     step = GUARD_SLACK_ROWS + 1                 # the row written, and the slack after it
     assert sorted(set(seen)) == [(step, cap - step), (2 * step, cap - 2 * step)]

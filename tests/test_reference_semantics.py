@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 from unienv_data.base import BoundsWarning, StorageFormatError  # noqa: E402
 from unienv_data.replay_buffer import ReplayBuffer  # noqa: E402
+from unienv_data.replay_buffer._metadata import read_metadata  # noqa: E402
 from unienv_data.storages.dict_storage import DictStorage  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage  # noqa: E402
 from unienv_data.storages.pytorch import PytorchTensorStorage  # noqa: E402
@@ -133,6 +134,24 @@ def test_bounds_warning_as_error_refuses_and_changes_nothing() -> None:
     assert len(rb) == 1 and rb.get_at(0)["a"].tolist() == [0.5, 0.5]
 
 
+def test_bounds_warning_as_error_refuses_even_after_a_lenient_warning() -> None:
+    """A key that warned once (default filters) is still refused once the caller turns BoundsWarning into an error:
+    the once-per-key rule silences the warning, not the refusal."""
+    rb = _flat()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BoundsWarning)
+        rb.append(_row(a=(3.0, 0.0)))                # stored, warned (ignored here)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        with pytest.raises(BoundsWarning, match="key 'a'"):
+            rb.append(_row(a=(9.0, 0.0)))
+    assert len(rb) == 1 and rb.get_at(0)["a"].tolist() == [3.0, 0.0]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        rb.append(_row(a=(5.0, 0.0)))                # lenient again: stored, not reported a second time
+    assert len(rb) == 2 and not [w for w in got if issubclass(w.category, BoundsWarning)]
+
+
 @pytest.mark.parametrize("bad", ["uint8_300", "int_fraction", "int_nan", "int_into_bool"])
 def test_dtype_rules_stay_strict(bad: str) -> None:
     rb = _flat()
@@ -226,15 +245,15 @@ def test_multiprocessing_rules(tmp_path: Path) -> None:
 
 def test_maintained_segments_on_disk_never_list_overwritten_rows(tmp_path: Path) -> None:
     """With maintain_segment_metadata the list lives in metadata.json, written by dumps(): before the ring
-    overwrites rows of a listed segment, the directory stops listing it (one rewrite per segment), so a crash
+    overwrites rows of a listed segment, the directory stops listing it (one record per segment), so a crash
     before the next dumps() never shows a listed episode holding other data; dumps() writes the clipped list."""
     space = BoxSpace(TB, -1e6, 1e6, torch.float32, shape=(2,))
     d = tmp_path / "rb"
     rb = ReplayBuffer.create(PytorchTensorStorage, space, cache_path=d, capacity=6, is_memmap=True,
                              maintain_segment_metadata=True)
 
-    def on_disk() -> Any:
-        return json.loads((d / "metadata.json").read_text())["physical_segments"]
+    def on_disk() -> Any:       # metadata.json with the buffer's commit log applied: what a load would see
+        return read_metadata(d)["physical_segments"]
 
     k = 0
     for n in (3, 3):

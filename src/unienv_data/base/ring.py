@@ -71,6 +71,11 @@ def ring_intervals(start: int, length: int, capacity: Optional[int]) -> List[Tup
 
 def runs_overlap(a: Run, b: Run, capacity: Optional[int]) -> bool:
     """True when runs `a` and `b` share a physical row."""
+    (s1, n1), (s2, n2) = a, b
+    if n1 <= 0 or n2 <= 0:
+        return False
+    if capacity is None or (s1 + n1 <= capacity and s2 + n2 <= capacity):
+        return s1 < s2 + n2 and s2 < s1 + n1        # neither wraps (the common case): one interval each
     for s1, e1 in ring_intervals(a[0], a[1], capacity):
         for s2, e2 in ring_intervals(b[0], b[1], capacity):
             if s1 < e2 and s2 < e1:

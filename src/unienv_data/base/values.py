@@ -15,6 +15,7 @@ Rules (what "no silent casts" means here):
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
@@ -61,6 +62,16 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
+def bounds_warning_is_error() -> bool:
+    """Whether the warning filters in force now turn a `BoundsWarning` into an error (the first filter whose
+    category covers it says "error"). A converter that warned once checks values again while this holds, so
+    `warnings.simplefilter("error", BoundsWarning)` refuses out-of-bounds values even after a lenient warning."""
+    for action, _message, category, _module, _lineno in warnings.filters:
+        if issubclass(BoundsWarning, category):
+            return bool(action == "error")
+    return False
+
+
 class LeafConverter:
     """Converts values for one Box / Binary leaf into checked NumPy arrays of its storage dtype."""
 
@@ -81,7 +92,8 @@ class LeafConverter:
         self.hi: Optional[np.ndarray] = None
         self.lo_s: Any = None
         self.hi_s: Any = None
-        #: a BoundsWarning was issued (and not turned into an error): later values are not checked again
+        #: a BoundsWarning was issued (and not turned into an error): later values are checked again only while
+        #: the filters turn it into an error (`bounds_warning_is_error`)
         self.warned = False
         if isinstance(space, BoxSpace):
             lo, hi = space.low_numpy, space.high_numpy
@@ -223,7 +235,7 @@ class LeafConverter:
 
     def check_bounds(self, arr: np.ndarray) -> None:
         """A `BoundsWarning` naming the first value outside `[low, high]` (NaN included), once per converter."""
-        if self.lo is None or self.hi is None or self.warned:
+        if self.lo is None or self.hi is None or (self.warned and not bounds_warning_is_error()):
             return
         vals = _bf16_to_f32(arr) if self.is_bf16 else arr
         if vals.size == 0:

@@ -10,6 +10,7 @@ import numpy as np
 
 from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 from unienv_data.base.ring import run_length
+from unienv_data.replay_buffer._buffer_log import BUFFER_LOG_FILE, apply_buffer_log
 from unienv_data.storages._commit_log import DICT_LOG_FILE, FLATTENED_LOG_FILE, read_log
 
 from ._fill_leaves import _apply_generic_meta, _fill_array, _fill_generic, _fill_hdf5, _fill_image, _fill_video
@@ -136,6 +137,18 @@ def _fill_buffer(root: str, node: StorageNode, meta: Dict[str, Any], _space: Any
         node.problems.append(f"{node.metadata_rel}: type is {meta.get('type')!r}, expected 'ReplayBuffer'")
         return
     node.storage_type = "ReplayBuffer"
+    log_rel = os.path.normpath(os.path.join(node.rel, BUFFER_LOG_FILE))
+    if os.path.isfile(os.path.join(root, log_rel)):
+        node.files.append(FileRecord(log_rel, "metadata", os.path.getsize(os.path.join(root, log_rel))))
+        try:        # the commit points since metadata.json was written, as `load_from` applies them
+            logged = apply_buffer_log(os.path.join(root, node.rel), meta)
+        except StorageFormatError as exc:
+            node.problems.append(str(exc).replace(os.path.join(root, log_rel), log_rel))
+        else:
+            if logged is not meta:
+                meta = logged
+                node.notes.append(f"{log_rel}: the buffer's count, offset and episodes come from this commit log, "
+                                  "newer than metadata.json (the buffer was not closed)")
     node.space_json = meta.get("single_instance_space") if isinstance(meta.get("single_instance_space"), dict) else None
     if node.space_json is None:
         node.problems.append(f"{node.metadata_rel}: single_instance_space is missing")

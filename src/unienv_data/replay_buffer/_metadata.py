@@ -11,6 +11,8 @@ from unienv_data.base.files import (PathLike, check_format_version, check_no_int
 from unienv_data.base.ring import logical_row, run_length
 from unienv_data.base.segments import first_overlap
 
+from ._buffer_log import GENERATION_KEY, apply_buffer_log
+
 METADATA_FILE = "metadata.json"
 
 
@@ -43,8 +45,9 @@ def _refuse_foreign_folder(path: str, meta_path: str) -> None:
 
 
 def read_metadata(path: PathLike) -> Dict[str, Any]:
-    """Reads and validates a buffer's metadata.json (count, offset, capacity, segments); StorageFormatError
-    names what is wrong, FileNotFoundError when the directory is missing."""
+    """Reads and validates a buffer's metadata.json (count, offset, capacity, segments), with the commit points its
+    `buffer_commit.log` holds applied; StorageFormatError names what is wrong, FileNotFoundError when the directory
+    is missing."""
     meta_path = os.path.join(os.fspath(path), METADATA_FILE)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"ReplayBuffer directory not found: {path}")
@@ -57,6 +60,9 @@ def read_metadata(path: PathLike) -> Dict[str, Any]:
                           "single_instance_space"), meta_path)
     if meta["type"] != "ReplayBuffer":
         raise StorageFormatError(f"{meta_path}: type is {meta['type']!r}, expected 'ReplayBuffer'")
+    if GENERATION_KEY in meta:
+        _int_field(meta, GENERATION_KEY, meta_path)
+    meta = apply_buffer_log(os.fspath(path), meta)      # commit points since metadata.json was last written
     count = _int_field(meta, "count", meta_path)
     offset = _int_field(meta, "offset", meta_path)
     cap = meta["capacity"]

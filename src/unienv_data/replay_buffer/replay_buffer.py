@@ -39,7 +39,7 @@ import numpy as np
 from unienv_data.base.common import BatchBase, BatchT
 from unienv_data.base.errors import StorageFormatError, StorageStateError
 from unienv_data.base.files import (FORMAT_VERSION, EncodedJSON, PathLike, atomic_write_json, confined_path,
-                                    creating_dataset, dump_transaction, encoded_json, is_durable)
+                                    creating_dataset, dump_transaction, encoded_json, is_durable, remove_if_present)
 from unienv_data.base.forwarding import forwarded
 from unienv_data.base.writer_lock import WriterLock, take_writer_lock
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
@@ -54,6 +54,7 @@ from unienv_interface.backends.resolve import resolve_backend
 from unienv_interface.space import Space
 from unienv_interface.space.space_utils.serialization_utils import json_to_space, space_to_json
 
+from ._buffer_log import BUFFER_LOG_FILE, GENERATION_KEY, BufferCommitLog
 from ._batch_writes import _batch_length, _check_only, _checked_write, _persists_segments, _slice_leaves
 from ._column_view import ColumnView
 from ._load_as import describe_buffer, load_storage_as, stored_space_difference
@@ -168,6 +169,10 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         #: `_guard_committed_rows`)
         self._disk_runs: Optional[Tuple[Dict[str, Any], List[Tuple[int, int]], List[Tuple[int, int]]]] = None
         self._durable = True
+        #: the `commit_generation` of the metadata.json this buffer last wrote (or opened), and the log of the commit
+        #: points since (single process, on disk, writable; see `_buffer_log`)
+        self._meta_gen = 0
+        self._buffer_log: Optional[BufferCommitLog] = None
         self._space_json: Optional[Dict[str, Any]] = None
         self._space_encoded: Optional[EncodedJSON] = None
         #: the storage as it lies on disk, when `load_from` wrapped it to serve another backend / device
@@ -362,7 +367,17 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if not read_only:
             cls._remember_opened_directory(rb, meta, runs)
         adopt_shared_segments(rb, storage, meta, runs, read_only)
+        cls._continue_generation(rb, meta, path, fold=multiprocessing and not read_only)
         return rb
+
+    def _continue_generation(self, meta: Dict[str, Any], path: PathLike, fold: bool) -> None:
+        """A buffer opened from `path` (called through the class by `load_from`): continues the commit log's
+        generation of `meta`. With `fold` (a shared buffer, which persists by rewriting metadata.json), the log's
+        commits go into metadata.json first (a new generation) and the log is removed; a single process appends
+        to the log where the last one stopped."""
+        self._meta_gen = int(meta.get(GENERATION_KEY, 0))
+        if fold and os.path.exists(os.path.join(os.fspath(path), BUFFER_LOG_FILE)):
+            self._write_metadata(path)
 
     # ------------------------------------------------------------------ static helpers
     @staticmethod
@@ -819,7 +834,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 "storage_path_relative": self.storage_path_relative,
                 "single_instance_space": self._space_json,
                 "physical_segments": segs if self._maintain else None,
-                "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing}
+                "maintain_segment_metadata": self._maintain, "shared_segments": self.multiprocessing,
+                GENERATION_KEY: self._meta_gen}
         if not self._maintain and self._own_segments:
             meta["buffer_segments"] = segs      # the reference reads `physical_segments` only
         return meta, list(runs or ())
@@ -842,10 +858,42 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         return dict(meta, single_instance_space=self._space_text())
 
     def _write_metadata(self, path: PathLike) -> None:
+        """Writes metadata.json into `path`. Into the buffer's own directory while it holds a commit log, the file
+        starts a new generation and the log, whose records it now holds, is removed (see `_buffer_log`); without
+        a log an unchanged state rewrites nothing."""
+        own = self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path)
+        log_path = os.path.join(os.fspath(path), BUFFER_LOG_FILE)
+        fold = own and os.path.exists(log_path)
+        if fold:
+            self._meta_gen += 1
         meta, runs = self._metadata_and_runs()
         atomic_write_json(os.path.join(os.fspath(path), METADATA_FILE), self._meta_for_file(meta))
-        if self.cache_path is not None and os.path.abspath(os.fspath(path)) == os.path.abspath(self.cache_path):
+        if fold:
+            if self._buffer_log is None:
+                remove_if_present(log_path)
+            else:
+                self._buffer_log.remove()
+        if own:
             self._remember_disk(meta, runs)
+
+    def _persist_state(self, meta: Dict[str, Any], runs: List[Tuple[int, int]]) -> None:
+        """Makes `meta` (of the current generation) what the buffer's own directory shows: one appended record of
+        the commit log when the buffer keeps one (single process, writable, what the directory shows is known),
+        else metadata.json rewritten with it."""
+        shown = getattr(self, "_disk_meta", None)
+        if shown is not None and not self.multiprocessing and self.cache_path is not None:
+            if self._buffer_log is None:
+                self._buffer_log = BufferCommitLog(os.fspath(self.cache_path))
+            key = self._segments_key()
+            self._buffer_log.record(meta, shown, key if (meta.get(key) is not None or shown.get(key) is not None)
+                                    else None)
+        else:           # a new generation, as `_write_metadata` starts: no record of the old one applies to it
+            self._meta_gen += 1
+            meta = dict(meta, **{GENERATION_KEY: self._meta_gen})
+            atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
+                              self._meta_for_file(meta))
+            remove_if_present(os.path.join(os.fspath(self.cache_path), BUFFER_LOG_FILE))  # type: ignore[arg-type]
+        self._remember_disk(meta, runs)
 
     def _remember_opened_directory(self, meta: Dict[str, Any], listed: Optional[List[Tuple[int, int]]]) -> None:
         """A writable buffer just opened from its directory (`load_from`): remembers what the directory shows,
@@ -895,9 +943,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         key = self._segments_key()
         if meta.get(key) is not None:
             meta[key] = [[s, inclusive_end(s, k, cap)] for (s, k), keep in zip(runs, kept) if keep]
-        atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
-                          self._meta_for_file(meta))
-        self._remember_disk(meta, [r for r, keep in zip(runs, kept) if keep])
+        self._persist_state(meta, [r for r, keep in zip(runs, kept) if keep])
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
         """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). An ended episode of
@@ -933,6 +979,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                 self._write_metadata(path)
                 return
             with dump_transaction(path, directory=True):    # a dump killed halfway refuses to load
+                remove_if_present(os.path.join(os.fspath(path), BUFFER_LOG_FILE))   # another buffer's commits
                 st.dumps(os.path.join(os.fspath(path), self.storage_path_relative))
                 self._write_metadata(path)
 
@@ -956,6 +1003,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                     # persisted stays on disk, and the storage is released all the same
                     pass
             st.close()
+        if self._buffer_log is not None:
+            self._buffer_log.close()
         if self._writer_lock is not None:
             self._writer_lock.release()
 
@@ -968,10 +1017,12 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
 
     def __getstate__(self) -> Dict[str, Any]:
         if not self.multiprocessing:
-            return {**self.__dict__, "_writer_lock": None}      # the lock stays with the process that took it
+            # the lock and the open log file stay with the process that took them
+            return {**self.__dict__, "_writer_lock": None, "_buffer_log": None}
         self._hand_off()
         state = dict(self.__dict__)
         state["_writer_lock"] = None
+        state["_buffer_log"] = None
         state["_writer"] = None
         state["_owns_storage"] = False
         return state
@@ -1018,7 +1069,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             return
         st = self.storage if self._stored_storage is None else self._stored_storage
         if st is not None and st.is_mutable and st.cache_filename is not None:
-            self._write_metadata(self.cache_path)
+            self._persist_state(*self._metadata_and_runs())
 
     def _drop_open_episode(self) -> None:
         """Forgets the episode in progress and its rows (the tail of the buffer), as a crash would."""

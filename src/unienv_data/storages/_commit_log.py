@@ -54,18 +54,25 @@ def _line(record: Dict[str, Any]) -> bytes:
     return b"%08x " % (zlib.crc32(body) & 0xFFFFFFFF) + body + b"\n"
 
 
-def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
-    """The committed `(length, runs)` a log file holds, or None when there is none. A damaged first record is a
-    StorageFormatError (the base is replaced atomically, so it is never torn); a torn record after it ends the
-    log (a crash while it was appended: that commit did not happen)."""
+def _log_bytes(path: str) -> Optional[bytes]:
+    """The bytes of the log file at `path`, None when there is none; StorageFormatError when it is no plain file."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
         return None
     except (IsADirectoryError, NotADirectoryError) as exc:
         raise StorageFormatError(f"{path} is not a plain file ({exc.strerror}): the commit log is damaged; restore "
                                  "the dataset from a copy") from None
+
+
+def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
+    """The committed `(length, runs)` a log file holds, or None when there is none. A damaged first record is a
+    StorageFormatError (the base is replaced atomically, so it is never torn); a torn record after it ends the
+    log (a crash while it was appended: that commit did not happen)."""
+    data = _log_bytes(path)
+    if data is None:
+        return None
     length: Optional[int] = None
     log = SegmentLog(capacity)
     for i, raw in enumerate(data.split(b"\n")):
@@ -93,6 +100,21 @@ def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
     if length is None:
         return None
     return length, log.runs()
+
+
+def read_records(path: str) -> List[Dict[str, Any]]:
+    """The records of a log file in this format (`<crc32 hex> <json>` lines), up to the first that does not check
+    (torn by a crash while it was appended); [] when there is no file."""
+    data = _log_bytes(path)
+    records: List[Dict[str, Any]] = []
+    if data is None:
+        return records
+    for raw in data.split(b"\n"):
+        rec = _parse(raw)
+        if rec is None:
+            break
+        records.append(rec)
+    return records
 
 
 def _parse(raw: bytes) -> Optional[Dict[str, Any]]:
@@ -344,4 +366,4 @@ class LeafCommitLog:
 
 
 __all__ = ["DICT_LOG_FILE", "FLATTENED_LOG_FILE", "COMPACT_BYTES", "LeafCommitLog", "LogFile", "adopt_log",
-           "read_log"]
+           "read_log", "read_records"]

@@ -19,6 +19,7 @@ from unienv_data.base.registry import resolve_storage_class
 from unienv_data.base.ring import run_length
 from unienv_data.base.storage import SpaceStorage
 from unienv_data.inspect import choose_backend, flatten_tree, open_dataset, storage_columns, walk
+from unienv_data.replay_buffer._buffer_log import apply_buffer_log
 from unienv_interface.space.space_utils.serialization_utils import json_to_space
 
 from ._datasource_plan import ReadPlan, Run, chunk_runs, meta_arrays
@@ -58,7 +59,7 @@ def open_for_task(plan: ReadPlan) -> TaskStorage:
         segs = ds.storage.episode_segments()
         return TaskStorage(ds.storage, ds.backend, _runs_of(segs, ds.capacity), ds)
     meta_path = os.path.join(plan.path, _BUFFER_METADATA)
-    meta = read_json(meta_path, "ReplayBuffer metadata")
+    meta = apply_buffer_log(plan.path, read_json(meta_path, "ReplayBuffer metadata"))    # commits since it was written
     try:
         backend = choose_backend(walk(plan.path) if plan.backend == "auto" else None, plan.backend)  # type: ignore[arg-type]
         space = json_to_space(meta["single_instance_space"], backend)

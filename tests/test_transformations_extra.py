@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -22,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from _third_party import has_venv, venv_python
+from unienv_data.base.errors import BoundsWarning as DataBoundsWarning
 from unienv_data.testing.conformance import assert_tree_equal, expect_error
+from unienv_interface.errors import BoundsWarning
 from unienv_interface.backends import NumpyComputeBackend as NB
 from unienv_interface.space import BatchedSpace, BinarySpace, BoxSpace, DictSpace, TextSpace, TupleSpace
 from unienv_interface.transformations import (BatchifyTransformation, ChainedTransformation, CropTransformation,
@@ -34,6 +37,7 @@ from unienv_interface.transformations import (BatchifyTransformation, ChainedTra
                                               TransformationFormatError, UnBatchifyTransformation,
                                               UnflattenDictTransformation, json_to_transformation,
                                               transformation_to_json)
+from unienv_interface.transformations.dtype_cast import DtypeTransformation
 from unienv_interface.transformations.iter_transform import default_is_leaf_fn, register_leaf_fn
 
 INF = float("inf")
@@ -46,6 +50,14 @@ needs_reference = pytest.mark.skipif(not has_venv("unienv", "UNIENV_REFERENCE_PY
 
 def box(low: Any, high: Any, dtype: Any = np.float32, shape: Any = None, backend: Any = NB, **kw: Any) -> BoxSpace:
     return BoxSpace(backend, low, high, dtype, shape=shape, **kw)
+
+
+def bounds_warnings(fn: Any, *args: Any) -> Any:
+    """`(fn(*args), [messages of the BoundsWarnings it issued])`, every warning recorded."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = fn(*args)
+    return out, [str(w.message) for w in got if issubclass(w.category, BoundsWarning)]
 
 
 def round_trip_json(t: DataTransformation) -> DataTransformation:
@@ -195,10 +207,14 @@ def test_crop_clips_floats_and_integers() -> None:
     assert target == box(-0.5, 0.5, np.float32, shape=(4,))
     y = t.transform(f, np.array([-3.0, 0.25, 0.5, 9.0], np.float32))
     assert y.dtype == np.float32 and y.tolist() == [-0.5, 0.25, 0.5, 0.5]
-    # values outside the source bounds are clipped too; NaN is refused
-    assert t.transform(f, np.array([-30.0, 0, 0, 30.0], np.float32)).tolist() == [-0.5, 0, 0, 0.5]
-    exc = expect_error((ValueError,), t.transform, f, np.array([0, np.nan, 0, 0], np.float32))
-    assert "(1,)" in str(exc)
+    # values outside the source bounds are clipped too (silently: clipping is the point); NaN stays NaN, as in the
+    # reference, with one BoundsWarning per instance
+    y, warned = bounds_warnings(t.transform, f, np.array([-30.0, 0, 0, 30.0], np.float32))
+    assert y.tolist() == [-0.5, 0, 0, 0.5] and warned == []
+    y, warned = bounds_warnings(t.transform, f, np.array([0, np.nan, 0, 0], np.float32))
+    assert np.isnan(y[1]) and y[[0, 2, 3]].tolist() == [0, 0, 0]
+    assert len(warned) == 1 and "CropTransformation: value nan at position (1,)" in warned[0], warned
+    assert bounds_warnings(t.transform, f, np.array([np.nan, 0, 0, 0], np.float32))[1] == []
     # integers: the bounds become the integers inside them, and every result lies in them
     i = box(-100, 100, np.int32, shape=(3,))
     ti = CropTransformation(2.5, 7.5)
@@ -428,19 +444,93 @@ def test_rescale_to_an_integer_dtype_and_nan_to() -> None:
     assert RescaleTransformation(0.5, 3.5, "int8").transform(sp, np.zeros(4, np.float32)).tolist() == [1, 1, 1, 1]
     expect_error((ValueError,), RescaleTransformation(0.2, 0.8, "int8").get_target_space_from_source, sp)
     expect_error((ValueError,), RescaleTransformation(0.0, 300.0, "uint8").get_target_space_from_source, sp)
-    # nan_to: NaN is replaced (and allowed in the input); without it NaN is refused
+    # nan_to: NaN is replaced (no warning); without it NaN stays NaN (with a BoundsWarning), as in the reference
     n = RescaleTransformation(0.0, 1.0, nan_to=0.5)
-    assert n.transform(sp, np.array([np.nan, 0.0, 1.0, 0.25], np.float32)).tolist() == [0.5, 0.0, 1.0, 0.25]
-    expect_error((ValueError,), RescaleTransformation(0.0, 1.0).transform, sp, np.array([np.nan, 0, 0, 0], np.float32))
-    expect_error((ValueError,), n.transform, sp, np.array([np.nan, 2.0, 0, 0], np.float32))
-    expect_error((ValueError,), RescaleTransformation(0.0, 1.0, nan_to=2.0).get_target_space_from_source, sp)
+    y, warned = bounds_warnings(n.transform, sp, np.array([np.nan, 0.0, 1.0, 0.25], np.float32))
+    assert y.tolist() == [0.5, 0.0, 1.0, 0.25] and warned == []
+    y, warned = bounds_warnings(RescaleTransformation(0.0, 1.0).transform, sp, np.array([np.nan, 0, 0, 0], np.float32))
+    assert np.isnan(y[0]) and y[1:].tolist() == [0, 0, 0] and len(warned) == 1
+    y, warned = bounds_warnings(n.transform, sp, np.array([np.nan, 2.0, 0, 0], np.float32))
+    assert y.tolist() == [0.5, 2.0, 0, 0] and len(warned) == 1 and "value 2.0 at position (1,)" in warned[0]
+    # a nan_to outside the target bounds is used as given (the reference's result), with a warning
+    far = RescaleTransformation(0.0, 1.0, nan_to=2.0)
+    target, warned = bounds_warnings(far.get_target_space_from_source, sp)
+    assert target == box(0.0, 1.0, np.float32, shape=(4,)) and len(warned) == 1 and "nan_to=2.0" in warned[0]
+    assert far.transform(sp, np.array([np.nan, 0.5, 0, 0], np.float32)).tolist() == [2.0, 0.5, 0, 0]
     per = RescaleTransformation(0.0, 1.0, nan_to=[0.0, 0.25, 0.5, 1.0])
     assert per.transform(sp, np.full(4, np.nan, np.float32)).tolist() == [0.0, 0.25, 0.5, 1.0]
     assert RescaleTransformation(0.0, 10.0, "int16", nan_to=2.6).transform(sp, np.array([np.nan] * 4, np.float32)
                                                                          ).tolist() == [3, 3, 3, 3]
+    expect_error((ValueError,), RescaleTransformation(0.0, 10.0, "uint8", nan_to=-1.0).get_target_space_from_source, sp)
     for t in (q, n, per):
         round_trip_json(t)
         assert pickle.loads(pickle.dumps(t)) == t
+
+
+def test_rescale_extrapolates_outside_the_source_bounds_and_warns_once() -> None:
+    sp = box([0.0, -1.0, 2.0], [4.0, 1.0, 2.0], np.float32, shape=(3,))   # the last element has a zero span
+    t = RescaleTransformation(0.0, 1.0)
+    y, warned = bounds_warnings(t.transform, sp, np.array([6.0, -3.0, 7.0], np.float32))
+    assert y.dtype == np.float32 and y.tolist() == [1.5, -1.0, 0.0]      # the same linear map; zero span: new_low
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("RescaleTransformation: value 6.0 at position (0,) is outside the source space "
+                                "bounds [0.0, 4.0]"), warned[0]
+    # once per instance; another instance warns again; values inside still land inside the target bounds
+    y, warned = bounds_warnings(t.transform, sp, np.array([[-4.0, 0.0, 2.0], [4.0, 1.0, 2.0]], np.float32))
+    assert y.tolist() == [[-1.0, 0.5, 0.0], [1.0, 1.0, 0.0]] and warned == []
+    assert len(bounds_warnings(RescaleTransformation(0.0, 1.0).transform, sp, np.array([5.0, 0, 2], np.float32))[1]) == 1
+    # NaN stays NaN (a float target); the inverse maps both back without a warning (a storage reading them back)
+    target = t.get_target_space_from_source(sp)
+    inv = t.direct_inverse(sp)
+    assert not inv.reports_bounds and not pickle.loads(pickle.dumps(inv)).reports_bounds
+    back, warned = bounds_warnings(inv.transform, target, np.array([1.5, np.nan, 0.0], np.float32))
+    assert back[0] == 6.0 and np.isnan(back[1]) and back[2] == 2.0 and warned == []
+    # the warning points at the caller's line, and "error" refuses every time (nothing is returned)
+    fresh = RescaleTransformation(0.0, 1.0)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        fresh.transform(sp, np.array([9.0, 0, 2], np.float32))
+    assert [os.path.basename(w.filename) for w in got] == [os.path.basename(__file__)]
+    fresh = RescaleTransformation(0.0, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        for _ in range(2):
+            exc = expect_error((ValueError,), fresh.transform, sp, np.array([0.0, 3.0, 2], np.float32))
+            assert isinstance(exc, BoundsWarning) and "(1,)" in str(exc)
+    assert fresh.reports_bounds
+    assert DataBoundsWarning is BoundsWarning and issubclass(BoundsWarning, UserWarning)
+
+
+def test_rescale_to_integers_outside_the_source_bounds_follows_the_dtype_rules() -> None:
+    sp = box(0.0, 1.0, np.float32, shape=(3,))
+    q = RescaleTransformation(0.0, 100.0, "int16")
+    y, warned = bounds_warnings(q.transform, sp, np.array([1.5, -0.25, 0.125], np.float32))
+    assert y.dtype == np.int16 and y.tolist() == [150, -25, 12] and len(warned) == 1   # 12.5: half to even
+    back = q.direct_inverse(sp).transform(q.get_target_space_from_source(sp), y)
+    assert np.allclose(back, [1.5, -0.25, 0.12])
+    # what the dtype cannot hold is refused (the reference's cast wraps it around), before any warning
+    u8 = RescaleTransformation(0.0, 200.0, "uint8")
+    for bad in ([1.5, 0, 0], [-0.01, 0, 0], [np.nan, 0, 0]):
+        _, warned = bounds_warnings(expect_error, (ValueError,), u8.transform, sp, np.array(bad, np.float32))
+        assert warned == []
+    y, warned = bounds_warnings(u8.transform, sp, np.array([1.2, 0.5, 0.0], np.float32))
+    assert y.tolist() == [240, 100, 0] and len(warned) == 1
+
+
+def test_dtype_transformation_casts_values_outside_the_bounds() -> None:
+    sp = box(-1.0, 1.0, np.float32, shape=(3,))
+    t = DtypeTransformation("int8", rounding="nearest")
+    y, warned = bounds_warnings(t.transform, sp, np.array([3.4, -1.0, 100.0], np.float32))
+    assert y.dtype == np.int8 and y.tolist() == [3, -1, 100] and len(warned) == 1
+    assert "DtypeTransformation: value 3.4" in warned[0]
+    # the dtype rules stay strict whatever the bounds
+    expect_error((ValueError,), DtypeTransformation("int8", "nearest").transform, sp, np.array([300.0, 0, 0], np.float32))
+    expect_error((ValueError,), DtypeTransformation("int8", "nearest").transform, sp, np.array([np.nan, 0, 0], np.float32))
+    expect_error((ValueError,), DtypeTransformation("int8").transform, sp, np.array([1.5, 0, 0], np.float32))
+    y, warned = bounds_warnings(DtypeTransformation("float64").transform, sp, np.array([np.nan, 5, 0], np.float32))
+    assert np.isnan(y[0]) and y[1] == 5.0 and len(warned) == 1
+    inv = t.direct_inverse(sp)
+    assert bounds_warnings(inv.transform, t.get_target_space_from_source(sp), np.array([100, 0, 0], np.int8))[1] == []
 
 
 def test_rescale_target_dtype_follows_array_bounds_like_the_reference() -> None:
@@ -498,7 +588,16 @@ def test_image_resize_spaces_and_values() -> None:
     assert inv == ImageResizeTransformation(4, 6) and inv.get_target_space_from_source(target).shape == sp.shape
     round_trip_json(t)
     expect_error((ValueError,), t.get_target_space_from_source, box(0.0, 1.0, shape=(4, 6)))
-    expect_error((ValueError,), t.transform, sp, np.full((4, 6, 3), 300.0, np.float32))
+    # pixels outside the source bounds are resized like any other, with a BoundsWarning (the reference's result)
+    y, warned = bounds_warnings(t.transform, sp, np.full((4, 6, 3), 300.0, np.float32))
+    assert np.allclose(y, 300.0) and len(warned) == 1 and "ImageResizeTransformation: value 300.0" in warned[0]
+    spot = np.zeros((4, 6, 3), np.float32)
+    spot[1, 1, 0] = -40.0
+    y, warned = bounds_warnings(t.transform, sp, spot)
+    assert y.min() < 0 and warned == []          # once per instance
+    dim = box(0, 200, np.uint8, shape=(3, 3, 1))
+    y, warned = bounds_warnings(ImageResizeTransformation(6, 6).transform, dim, np.full((3, 3, 1), 250, np.uint8))
+    assert np.array_equal(y, np.full((6, 6, 1), 250, np.uint8)) and len(warned) == 1
     expect_error((ValueError,), ImageResizeTransformation, 0, 3)
     expect_error((TypeError,), ImageResizeTransformation, 2.0, 3)
     expect_error((ValueError,), t.direct_inverse)
@@ -711,10 +810,35 @@ def _cases() -> List[Dict[str, Any]]:
     ]
     out = [{"backend": "numpy", "space": s, "make": m, "data": sample(s)} for s, m in cases]
     out[4]["data"][0][1] = float("nan")
+    # values outside the source bounds and NaN: mapped as the reference maps them (here with a BoundsWarning)
+    nan = float("nan")
+    wild = [[-3.0, nan, 20.0], [4.0, 100.0, 5.5]]
+    outside = [
+        (f23, make("RescaleTransformation", 0.0, 1.0), wild),
+        (f23, make("RescaleTransformation", -2.0, 2.0, nan_to=0.0), wild),
+        (f23, make("RescaleTransformation", 0.0, 1.0, nan_to=5.0), wild),              # nan_to outside the target
+        (f23, make("RescaleTransformation", {"array": [[0.0, 1.0, 2.0]], "dtype": "float64"}, 5.0), wild),
+        (f23, make("RescaleTransformation", 0.0, 100.0, "int16"), [[-3.0, 1.0, 20.0], [4.0, 10.0, 5.5]]),
+        (f23, make("RescaleTransformation", 0.0, 100.0, "int16", nan_to=7.0), [[-3.0, nan, 20.0], [4.0, 10.0, 5.5]]),
+        (i3, make("RescaleTransformation", -1.0, 1.0), [20, 7, -15]),                # 7: a zero span maps to -1
+        (i3, make("RescaleTransformation", 0.0, 1000.0, "int32"), [20, 7, -15]),
+        (f23, make("CropTransformation", 2.0, 6.5), [[nan, -4.0, 50.0], [3.0, 4.0, 5.0]]),
+        (nested, make("IterativeTransformation", {"make": make("RescaleTransformation", -3.0, 3.0)}),
+         {"obs": {"pos": [2.0, nan], "vel": [-5.0, 1.0]}, "act": [3, -1, 0]}),
+        (f23, make("ChainedTransformation", [{"make": make("RescaleTransformation", 0.0, 2.0)},
+                                             {"make": make("CropTransformation", 0.0, 1.0)}]), wild),
+    ]
+    out += [{"backend": "numpy", "space": s, "make": m, "data": d} for s, m, d in outside]
     # images: the reference resizes NumPy arrays with OpenCV (not installed there); torch on both sides
     for nh, nw in ((6, 5), (5, 7), (20, 16)):
         out.append({"backend": "pytorch", "space": image, "make": make("ImageResizeTransformation", nh, nw),
                     "data": sample(image)})
+    bright = np.array(sample(image))
+    bright[2:5, 3:6, 0] = 400.0          # pixels outside [0, 255]
+    bright[7, 1, 2] = -30.0
+    for nh, nw in ((6, 5), (20, 16)):
+        out.append({"backend": "pytorch", "space": image, "make": make("ImageResizeTransformation", nh, nw),
+                    "data": bright.tolist()})
     return out
 
 

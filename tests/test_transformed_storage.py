@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from unienv_data.testing.conformance import StorageConformance, assert_tree_equal, expect_error  # noqa: E402
 
-from unienv_data.base import SpaceStorage, StorageFormatError  # noqa: E402
+from unienv_data.base import BoundsWarning, SpaceStorage, StorageFormatError  # noqa: E402
 from unienv_data.base.registry import resolve_storage_class  # noqa: E402
 from unienv_data.storages.flattened import FlattenedStorage, FlattenPromotionWarning  # noqa: E402
 from unienv_data.storages.numpy_memmap import NumpyMemmapStorage  # noqa: E402
@@ -71,8 +71,7 @@ def _create(space: Space, inner_cls: Any, *args: Any, **kwargs: Any) -> Transfor
 
 # ---------------------------------------------------------------------------------------------------- conformance
 class _TransformedConformance(StorageConformance):
-    #: a rescale transformation refuses values outside its source bounds (it could not map them), by design
-    stores_out_of_bounds = False
+    # values outside the bounds are stored (the rescale extrapolates, power-of-two scales read them back exactly)
     inner: tuple = (NumpyMemmapStorage,)
     memmap = True
     supports_growable = True
@@ -209,9 +208,14 @@ def test_flattened_accessors_use_the_source_layout() -> None:
     st.set_flattened([2, 3], rows)
     assert_tree_equal(st.get(3), v)
     # sorted key order: action [0, 4), done [4], obs [5, 11), reward [11]
-    for col, bad in ((4, 2.0), (4, 0.5), (0, 1.5)):
+    for col, bad in ((4, 2.0), (4, 0.5)):
         row = flat.clone()
         row[col] = bad
+        expect_error((ValueError,), st.set_flattened, 0, row)
+    with warnings.catch_warnings():           # an action outside [-1, 1] is refused in the refusal mode only
+        warnings.simplefilter("error", BoundsWarning)
+        row = flat.clone()
+        row[0] = 1.5
         expect_error((ValueError,), st.set_flattened, 0, row)
     expect_error((ValueError,), st.set_flattened, 0, flat[:-1])
     expect_error((ValueError,), st.set_flattened, slice(0, 2), flat)
@@ -318,11 +322,21 @@ def test_uint8_quantization_round_trip(tmp_path: Any) -> None:
     assert torch.equal(st.get(2), back)
     bad = grid.clone()
     bad[3, 3] = 1.0000001
-    exc = expect_error((ValueError,), st.set, 0, bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        exc = expect_error((ValueError,), st.set, 0, bad)
     assert "(3, 3)" in str(exc) and "bounds" in str(exc), str(exc)
+    # NaN has no uint8 value: refused in any mode
     bad[3, 3] = float("nan")
-    expect_error((ValueError,), st.set, 0, bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BoundsWarning)
+        expect_error((ValueError,), st.set, 0, bad)
     assert torch.equal(st.get(0), grid)
+    # the default mode: a value just past the bound is rounded onto it and stored (with a warning)
+    bad[3, 3] = 1.0000001
+    with pytest.warns(BoundsWarning):
+        st.set(0, bad)
+    assert st.get(0)[3, 3] == 1.0
     st.close()
 
 
@@ -339,6 +353,50 @@ def test_general_affine_rescale_stays_in_bounds_and_close() -> None:
     back = inv.transform(target, y)
     assert back.min() >= 0.0 and back.max() <= 1.0
     assert np.all(np.abs(back - x) <= np.spacing(np.float32(1.0)))
+
+
+def test_values_outside_the_bounds_are_stored_through_a_rescale(tmp_path: Any) -> None:
+    """A value outside the source bounds (and NaN) goes through the rescale as the reference maps it and is stored:
+    it reads back the same up to float32 rounding. One BoundsWarning from the transformation and one from the inner
+    storage, on the first such write only; reading never warns, even in the refusal mode, and a loaded copy too."""
+    space = BoxSpace(NB, 0.0, 3.0, np.float32, shape=(2,))
+    path = os.path.join(os.fspath(tmp_path), "oob")
+    st = _create(space, NumpyMemmapStorage, data_transformation=RescaleTransformation(-1.0, 1.0), capacity=4,
+                 cache_path=path)
+    with warnings.catch_warnings(record=True) as first:
+        warnings.simplefilter("always")
+        st.set(0, np.array([4.5, 1.0], np.float32))
+    bw = [w for w in first if issubclass(w.category, BoundsWarning)]
+    got = [str(w.message) for w in bw]
+    assert len(got) == 2 and got[0].startswith("RescaleTransformation: value 4.5 at position (0,)"), got
+    assert all(os.path.basename(w.filename) == os.path.basename(__file__) for w in bw)   # the line of st.set
+    assert np.allclose(st.inner_storage.get(0), [2.0, -1.0 / 3.0])            # extrapolated past new_high
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        st.set(1, np.array([-6.0, np.nan], np.float32))
+        st.set(2, np.array([1.5, 3.0], np.float32))
+    assert [w for w in again if issubclass(w.category, BoundsWarning)] == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        back = st.get(Ellipsis)
+    assert np.allclose(back[0], [4.5, 1.0], rtol=1e-6) and back[1][0] == pytest.approx(-6.0, rel=1e-6)
+    assert np.isnan(back[1][1]) and np.array_equal(back[2], [1.5, 3.0])
+    st.dumps(path)
+    st.close()
+    loaded = TransformedStorage.load_from(path, space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        assert np.allclose(loaded.get(0), [4.5, 1.0], rtol=1e-6)
+    loaded.close()
+    # the refusal mode: nothing is written, and the transformation reports the value every time
+    st = _create(space, NumpyMemmapStorage, data_transformation=RescaleTransformation(-1.0, 1.0), capacity=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BoundsWarning)
+        for _ in range(2):
+            exc = expect_error((ValueError,), st.set, 0, np.array([3.5, 0.0], np.float32))
+            assert isinstance(exc, BoundsWarning) and "RescaleTransformation" in str(exc)
+    assert np.array_equal(st.get(0), np.full(2, 1.5, np.float32))           # never written: the inverse of zero
+    st.close()
 
 
 def test_never_written_rows_read_as_the_inverse_of_zero() -> None:
@@ -569,7 +627,8 @@ def test_rescale_checks_its_input_and_parameters() -> None:
     t = RescaleTransformation(0.0, 10.0)
     assert np.array_equal(t.transform(space, np.array([-1.0, 0.0, 1.0], np.float32)), np.array([0, 5, 10], np.float32))
     assert np.array_equal(t.transform(space, [0.5, 0.5, 0.5]), np.full(3, 7.5, np.float32))  # exact Python floats
-    expect_error((ValueError,), t.transform, space, np.array([0.5, 2.0, 0.0], np.float32))
+    with pytest.warns(BoundsWarning, match=r"value 2\.0 at position \(1,\) is outside the source space bounds"):
+        assert t.transform(space, np.array([0.5, 2.0, 0.0], np.float32)).tolist() == [7.5, 15.0, 5.0]
     expect_error((ValueError,), t.transform, space, np.zeros(4, np.float32))
     expect_error((TypeError,), t.transform, space, "text")
     expect_error((ValueError,), t.transform, space, np.array([0, 0, 2 ** 25 + 1], np.int64))
@@ -662,7 +721,8 @@ def test_chained_and_dict_transformations() -> None:
     assert y["img"].tolist() == [0, 255] and y["x"] is v["x"]
     assert_tree_equal(t.direct_inverse(space).transform(target, y), v)
     expect_error((KeyError,), t.transform, space, {"x": np.array(1.0)})
-    exc = expect_error((ValueError,), t.transform, space, {"img": np.array([2.0, 0.0], np.float32), "x": v["x"]})
+    with pytest.warns(BoundsWarning, match="RescaleTransformation"):   # 2.0 maps to 510, which uint8 cannot hold
+        exc = expect_error((ValueError,), t.transform, space, {"img": np.array([2.0, 0.0], np.float32), "x": v["x"]})
     assert "'img'" in str(exc)
     expect_error((TypeError,), t.transform, space, [v])
     expect_error((ValueError,), DictTransformation({"nope": IdentityTransformation()}).get_target_space_from_source, space)
@@ -714,7 +774,8 @@ def test_dict_storage_with_a_quantized_image_child(tmp_path: Any) -> None:
     st.set(0, v)
     assert_tree_equal(st.get(0), v)
     bad = {"image": grid + 2.0, "state": torch.tensor([0.0, 0.0])}
-    expect_error((ValueError,), st.set, 1, bad)
+    with pytest.warns(BoundsWarning):         # the rescale extrapolates, the uint8 cast refuses what it cannot hold
+        expect_error((ValueError,), st.set, 1, bad)
     st.mark_segment_start(1)
     expect_error((ValueError,), st.append, bad)
     st.append(v)

@@ -1,5 +1,8 @@
-"""Exception types raised by storages, beyond the built-in ValueError / TypeError / IndexError / KeyError."""
+"""Exception types raised by storages, beyond the built-in ValueError / TypeError / IndexError / KeyError, and
+`BoundsWarning` (defined in `unienv_interface.errors`, re-exported here: the same class)."""
 from __future__ import annotations
+
+from unienv_interface.errors import BoundsWarning  # one class for storages and transformations alike
 
 
 class StorageStateError(ValueError, RuntimeError):
@@ -24,8 +27,5 @@ class StorageNotFoundError(StorageFormatError, FileNotFoundError):
     """A file a storage needs does not exist."""
 
 
-class BoundsWarning(UserWarning, ValueError):
-    """A stored value lies outside its Box's declared `[low, high]` (it was stored all the same, as unienv 0.0.1b16
-    and gymnasium do). Issued once per key and storage; `warnings.simplefilter("error", BoundsWarning)` turns it
-    into a refusal: the write then changes nothing, and what it raises is also a `ValueError` (the error any other
-    refused value raises), so code that catches ValueError keeps working."""
+__all__ = ["BoundsWarning", "ReadOnlyStorageError", "StorageClosedError", "StorageFormatError",
+           "StorageNotFoundError", "StorageStateError"]

@@ -1,10 +1,11 @@
-"""Array helpers shared by the built-in transformations: checked input conversion, bounds checks, dtype facts.
+"""Array helpers shared by the built-in transformations: checked input conversion, bounds reports, dtype facts.
 
 Input rules (the same as the storages'): the value may be an array of the space's backend, a NumPy array, another
 library's array, a Python number or a (nested) list. Its shape must equal the space's shape, optionally behind
 extra leading batch axes. A different dtype is accepted when the cast is lossless, when it narrows a float without
 overflowing, or when every value survives the cast unchanged; anything else is ValueError naming the first value.
-Computation uses the backend's Array-API namespace, so arrays stay on their device.
+A value outside the source Box's bounds is not refused: it is mapped as the reference maps it, with one warning per
+transformation (`ReportsInputBounds`). Computation uses the backend's Array-API namespace, so arrays stay on their device.
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from unienv_interface.errors import BoundsWarning
 from unienv_interface.space import BinarySpace, BoxSpace, Space
 from unienv_interface.space.dtype_facts import dtype_kind, int_range, is_lossless
+from unienv_interface.warn import warn_user
 
 def dtype_name(backend: Any, dtype: Any) -> str:
     return str(backend.dtype_name(dtype))
@@ -150,12 +153,13 @@ def box_bounds(space: BoxSpace) -> Tuple[Any, Any]:
     return lo, hi
 
 
-def check_bounds(space: BoxSpace, arr: Any, who: str, allow_nan: bool = False) -> None:
-    """ValueError naming the first value outside `[low, high]` (NaN never lies inside a bounded box, unless
-    `allow_nan`: then NaN passes, for a transformation that replaces it)."""
+def inside_mask(space: BoxSpace, arr: Any, allow_nan: bool = False) -> Optional[Any]:
+    """None when every value of `arr` lies in the space's `[low, high]` (or the box is unbounded), else the boolean
+    backend array that is True where a value does. NaN never lies inside a bounded box, unless `allow_nan` (for a
+    transformation that replaces it)."""
     lo, hi = box_bounds(space)
     if lo is None:
-        return
+        return None
     b = space.backend
     if not isinstance(lo, (int, float)):
         dev = b.device(arr)
@@ -163,16 +167,59 @@ def check_bounds(space: BoxSpace, arr: Any, who: str, allow_nan: bool = False) -
     ok = b.logical_and(arr >= lo, arr <= hi)
     if allow_nan and b.dtype_is_real_floating(arr.dtype):
         ok = b.logical_or(ok, b.isnan(arr))
-    if all_true(b, ok):
-        return
-    pos, val = _first_false(b, arr, ok)
-    shape = tuple(space.shape)
-    lo_full = np.broadcast_to(space.low_numpy, shape)
-    hi_full = np.broadcast_to(space.high_numpy, shape)
-    inner = pos[len(pos) - len(shape):] if shape else ()
-    inner = tuple(0 if s == 1 else p for p, s in zip(inner, shape))
-    raise ValueError(f"{who}: value {val!r} at position {pos} is outside the source space bounds "
-                     f"[{lo_full[inner].item()!r}, {hi_full[inner].item()!r}]")
+    return None if all_true(b, ok) else ok
+
+
+class ReportsInputBounds:
+    """For the transformations that map a Box: a value outside the source space's bounds (NaN included) is mapped
+    as the reference maps it, with one `BoundsWarning` per transformation instance naming the transformation, the
+    first such value's position, the value and the bounds, attributed to the user's line that led to it.
+    `warnings.simplefilter("error", BoundsWarning)` turns it into a refusal (raised by `transform`, which then
+    returns nothing; the warning is issued again on the next such input). An inverse built by `direct_inverse` starts
+    silenced: it maps the forward map's outputs back, and an input outside the bounds was reported where it was
+    mapped (a storage reading back a value it stored must not warn, let alone fail)."""
+
+    _bounds_quiet: bool = False
+
+    def silence_bounds_warnings(self) -> "ReportsInputBounds":
+        """Stops reporting inputs outside the source bounds (they are still mapped the same way); returns self."""
+        self._bounds_quiet = True
+        return self
+
+    @property
+    def reports_bounds(self) -> bool:
+        """False once a `BoundsWarning` was issued or after `silence_bounds_warnings`."""
+        return not self._bounds_quiet
+
+    def _bounds_state(self) -> Dict[str, Any]:
+        """The pickled form of the reporting state (merged into a subclass's `__getstate__`)."""
+        return {"reports_bounds": self.reports_bounds}
+
+    def _restore_bounds_state(self, state: Mapping[str, Any]) -> None:
+        """Restores `_bounds_state` (absent in earlier pickles: reporting)."""
+        if not state.get("reports_bounds", True):
+            self.silence_bounds_warnings()
+
+    def _report_outside(self, space: BoxSpace, arr: Any, ok: Optional[Any], who: str, how: str) -> None:
+        """Warns (once per instance) about the first value of `arr` where `ok` is False; `how` says what the
+        transformation did with it. Nothing when `ok` is None (every value inside)."""
+        if ok is None or self._bounds_quiet:
+            return
+        pos, val = _first_false(space.backend, arr, ok)
+        shape = tuple(space.shape)
+        lo_full = np.broadcast_to(space.low_numpy, shape)
+        hi_full = np.broadcast_to(space.high_numpy, shape)
+        inner = pos[len(pos) - len(shape):] if shape else ()
+        inner = tuple(0 if s == 1 else p for p, s in zip(inner, shape))
+        warn_user(f"{who}: value {val!r} at position {pos} is outside the source space bounds "
+                  f"[{lo_full[inner].item()!r}, {hi_full[inner].item()!r}]; {how} (further values outside the bounds "
+                  "are not reported by this transformation)", BoundsWarning)
+        self._bounds_quiet = True     # only once the warning did not raise: an "error" filter refuses every time
+
+    def _check_inside(self, space: BoxSpace, arr: Any, who: str, how: str) -> None:
+        """`_report_outside` for `arr`'s values (nothing is computed once the warning was issued)."""
+        if not self._bounds_quiet:
+            self._report_outside(space, arr, inside_mask(space, arr), who, how)
 
 
 def require_box(space: Any, who: str) -> BoxSpace:

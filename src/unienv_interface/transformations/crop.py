@@ -8,7 +8,7 @@ import numpy as np
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.dtype_facts import int_range
 
-from ._arrays import (_first_false, all_true, box_bounds, coerce, dtype_name, param_dtype, param_from_json,
+from ._arrays import (ReportsInputBounds, all_true, box_bounds, coerce, dtype_name, param_dtype, param_from_json,
                       param_payload, params_array, params_to_json, per_space, require_box, typed_param)
 from .identity import IdentityTransformation
 from .serialization_utils import check_param_names
@@ -17,7 +17,7 @@ from .transformation import DataTransformation
 _WHO = "CropTransformation"
 
 
-class CropTransformation(DataTransformation):
+class CropTransformation(ReportsInputBounds, DataTransformation):
     """Clips every value of a Box into `[crop_low, crop_high]` (numbers or arrays broadcastable, right-aligned, to
     the space's shape; `-inf` / `inf` leave that side open; `crop_low <= crop_high` everywhere).
 
@@ -25,7 +25,8 @@ class CropTransformation(DataTransformation):
       them (`ceil(crop_low)`, `floor(crop_high)`, limited to the dtype's range), so a clipped value is always a
       value of the target (the reference truncates instead, which can leave a value outside the bounds it reports).
     * `transform` checks the input's shape and dtype; values outside the source bounds are clipped like any other
-      (clipping is the point), but NaN is refused (it has no place in a clipped range).
+      (clipping is the point, no warning). NaN stays NaN, as in the reference, with one `BoundsWarning` per
+      instance (see `ReportsInputBounds`): it lies in no clipped range.
     * Cropping loses information: like the reference, `direct_inverse` is the `IdentityTransformation` (the
       cropped values stay cropped), so a storage can hold cropped data when the crop bounds equal the space's.
     """
@@ -75,18 +76,17 @@ class CropTransformation(DataTransformation):
         sp = require_box(source_space, _WHO)
         b = sp.backend
         x = coerce(sp, data, _WHO)
-        if b.dtype_is_real_floating(x.dtype):
-            ok = b.logical_not(b.isnan(x))
-            if not all_true(b, ok):
-                pos, _ = _first_false(b, x, ok)
-                raise ValueError(f"{_WHO}: NaN at position {pos} cannot be cropped")
         lo, hi = box_bounds(target)
         if lo is None:
             return x
         if not isinstance(lo, (int, float)):
             dev = b.device(x)
             lo, hi = b.to_device(lo, dev), b.to_device(hi, dev)
-        return b.astype(b.clip(x, lo, hi), target.dtype)
+        out = b.astype(b.clip(x, lo, hi), target.dtype)
+        if self.reports_bounds and b.dtype_is_real_floating(x.dtype):
+            not_nan = b.logical_not(b.isnan(x))
+            self._report_outside(sp, x, None if all_true(b, not_nan) else not_nan, _WHO, "NaN stays NaN")
+        return out
 
     def direct_inverse(self, source_space: Optional[Space] = None) -> IdentityTransformation:
         return IdentityTransformation()
@@ -104,10 +104,11 @@ class CropTransformation(DataTransformation):
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"crop_low": typed_param(self.crop_low, self.bound_dtypes[0]),
-                "crop_high": typed_param(self.crop_high, self.bound_dtypes[1])}
+                "crop_high": typed_param(self.crop_high, self.bound_dtypes[1]), **self._bounds_state()}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         CropTransformation.__init__(self, state["crop_low"], state["crop_high"])
+        self._restore_bounds_state(state)
 
 
 __all__ = ["CropTransformation"]

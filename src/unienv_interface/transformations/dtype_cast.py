@@ -8,7 +8,7 @@ import numpy as np
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.dtype_facts import FLOAT_MANTISSA, INT_NAMES, dtype_kind, int_range, is_lossless
 
-from ._arrays import _first_false, all_true, check_bounds, coerce, dtype_name, require_box
+from ._arrays import ReportsInputBounds, _first_false, all_true, coerce, dtype_name, require_box
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 
@@ -32,7 +32,7 @@ def _dtype_name_of(dtype: Any) -> str:
     return name
 
 
-class DtypeTransformation(DataTransformation):
+class DtypeTransformation(ReportsInputBounds, DataTransformation):
     """Casts a Box to `dtype`, never changing a value unless `rounding` says how.
 
     * `rounding=None` (the default): every value must survive the cast exactly (a fraction into an integer, an
@@ -42,12 +42,14 @@ class DtypeTransformation(DataTransformation):
     * float -> narrower float: `rounding="nearest"` allows IEEE rounding (overflow to infinity is still ValueError).
     * integer -> integer: values outside the target's range are ValueError.
 
-    The input is checked against the source space (shape, dtype, bounds) first: a value outside the source bounds
-    is refused even when its rounded value would fit. The target Box keeps the source bounds, mapped through the
-    same rounding (`None` keeps the integers inside them) and limited to the target dtype's range.
+    The input's shape and dtype are checked against the source space first. A value outside the source bounds (NaN
+    included) is cast under the same rules, with one `BoundsWarning` per instance (see `ReportsInputBounds`): the
+    result then lies outside the target bounds, where the dtype can hold it (the rules above still refuse what it
+    cannot). The target Box keeps the source bounds, mapped through the same rounding (`None` keeps the integers
+    inside them) and limited to the target dtype's range.
 
-    The inverse casts back to the source dtype exactly (`rounding=None`); values the forward cast produced always
-    survive it. Example, a float image in [0, 1] stored as uint8: `ChainedTransformation([RescaleTransformation(0,
+    The inverse casts back to the source dtype exactly (`rounding=None`), without warning; values the forward cast
+    produced always survive it. Example, a float image in [0, 1] stored as uint8: `ChainedTransformation([RescaleTransformation(0,
     255), DtypeTransformation("uint8", rounding="nearest")])`.
     """
 
@@ -108,10 +110,15 @@ class DtypeTransformation(DataTransformation):
     # ------------------------------------------------------------------ data
     def transform(self, source_space: Space, data: Any) -> Any:
         sp = require_box(source_space, _WHO)
+        x = coerce(sp, data, _WHO)
+        out = self._cast(sp, x)
+        self._check_inside(sp, x, _WHO, "it is cast all the same")
+        return out
+
+    def _cast(self, sp: BoxSpace, x: Any) -> Any:
+        """`x` (of the source dtype) cast to the target dtype under the rules of the class docstring."""
         src, ks, kd = self._kinds(sp)
         b = sp.backend
-        x = coerce(sp, data, _WHO)
-        check_bounds(sp, x, _WHO)
         dt = b.dtype_from_name(self.dtype)
         if src == self.dtype:
             return b.astype(x, dt)
@@ -145,7 +152,9 @@ class DtypeTransformation(DataTransformation):
             raise ValueError(f"{_WHO}.direct_inverse needs the source space (the inverse casts back to its dtype)")
         sp = require_box(source_space, _WHO)
         self._kinds(sp)
-        return DtypeTransformation(dtype_name(sp.backend, sp.dtype), rounding=None)
+        inverse = DtypeTransformation(dtype_name(sp.backend, sp.dtype), rounding=None)
+        inverse.silence_bounds_warnings()
+        return inverse
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> Dict[str, Any]:

@@ -16,8 +16,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from unienv_interface.space import BoxSpace, Space
+from unienv_interface.space.dtype_facts import int_range
 
-from ._arrays import box_bounds, check_bounds, coerce, dtype_name, per_space, require_box
+from ._arrays import ReportsInputBounds, box_bounds, coerce, dtype_name, inside_mask, per_space, require_box
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 
@@ -53,14 +54,17 @@ def _compute_dtype(name: str) -> str:
     return "float64"
 
 
-class ImageResizeTransformation(DataTransformation):
+class ImageResizeTransformation(ReportsInputBounds, DataTransformation):
     """Resizes the images of a Box of shape `(..., H, W, C)` to `(..., new_height, new_width, C)` (see the module
     docstring for the filter). The target Box has the source dtype, and per channel the lowest low and highest
     high of the source (the reference's bounds); integer images are rounded half to even. Data may carry leading
-    batch axes; it is checked against the source space (shape, dtype, bounds).
+    batch axes; its shape and dtype are checked against the source space. Pixels outside the source bounds (NaN
+    included) are resized like any other, with one `BoundsWarning` per instance (see `ReportsInputBounds`): the
+    weighted means near them may then lie outside the target bounds (a NaN spreads to the nearby output pixels),
+    as in the reference.
 
     Resizing loses detail: like the reference, the inverse resizes back to the source size (`direct_inverse`
-    needs the source space), which restores the shape, not the pixels.
+    needs the source space), which restores the shape, not the pixels; it does not warn.
     """
 
     has_inverse = True
@@ -100,7 +104,7 @@ class ImageResizeTransformation(DataTransformation):
         target = self.get_target_space_from_source(sp)
         b = sp.backend
         x = coerce(sp, data, _WHO)
-        check_bounds(sp, x, _WHO)
+        ok = inside_mask(sp, x)      # None: every pixel inside (the usual case)
         h, w, c = (int(d) for d in sp.shape[-3:])
         lead = tuple(int(d) for d in x.shape[:-3])
         n = int(np.prod(lead, dtype=np.int64))
@@ -112,12 +116,15 @@ class ImageResizeTransformation(DataTransformation):
         if b.dtype_is_real_integer(sp.dtype):
             y = b.round(y)
         lo, hi = box_bounds(target)
+        if ok is not None:   # a mean may lie outside the bounds now: keep it (an integer one inside its dtype)
+            lo, hi = (float(v) for v in int_range(name)) if b.dtype_is_real_integer(sp.dtype) else (None, None)
         if lo is not None:
             if not isinstance(lo, (int, float)):
                 dev = b.device(y)
                 lo, hi = b.astype(b.to_device(lo, dev), y.dtype), b.astype(b.to_device(hi, dev), y.dtype)
             y = b.clip(y, lo, hi)      # a mean of values in bounds is in bounds; this only absorbs float rounding
         y = b.astype(y, target.dtype)
+        self._report_outside(sp, x, ok, _WHO, "it is resized like any other pixel")
         return b.reshape(y, lead + (self.new_height, self.new_width, c))
 
     @staticmethod
@@ -141,7 +148,9 @@ class ImageResizeTransformation(DataTransformation):
         if source_space is None:
             raise ValueError(f"{_WHO}.direct_inverse needs the source space (the inverse resizes back to its size)")
         sp = self._check(source_space)
-        return ImageResizeTransformation(new_height=int(sp.shape[-3]), new_width=int(sp.shape[-2]))
+        inverse = ImageResizeTransformation(new_height=int(sp.shape[-3]), new_width=int(sp.shape[-2]))
+        inverse.silence_bounds_warnings()
+        return inverse
 
     def to_json(self) -> Dict[str, Any]:
         return {"new_height": self.new_height, "new_width": self.new_width}
@@ -152,10 +161,11 @@ class ImageResizeTransformation(DataTransformation):
         return cls(params["new_height"], params["new_width"])
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"new_height": self.new_height, "new_width": self.new_width}
+        return {"new_height": self.new_height, "new_width": self.new_width, **self._bounds_state()}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         ImageResizeTransformation.__init__(self, state["new_height"], state["new_width"])
+        self._restore_bounds_state(state)
 
 
 __all__ = ["ImageResizeTransformation", "resize_taps"]

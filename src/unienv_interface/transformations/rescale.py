@@ -5,11 +5,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from unienv_interface.errors import BoundsWarning
 from unienv_interface.space import BoxSpace, Space
 from unienv_interface.space.dtype_facts import dtype_kind, int_range
+from unienv_interface.warn import warn_user
 
-from ._arrays import (check_bounds, coerce, dtype_name, param_dtype, param_from_json, param_payload, params_array,
-                      params_to_json, per_space, require_box, typed_param)
+from ._arrays import (ReportsInputBounds, _first_false, all_true, coerce, dtype_name, inside_mask, param_dtype,
+                      param_from_json, param_payload, params_array, params_to_json, per_space, require_box, typed_param)
 from .serialization_utils import check_param_names
 from .transformation import DataTransformation
 
@@ -41,7 +43,7 @@ def _coef(backend: Any, arr: np.ndarray, device: Any) -> Any:
     return backend.from_numpy(np.ascontiguousarray(arr), dtype=backend.dtype_from_name("float64"), device=device)
 
 
-class RescaleTransformation(DataTransformation):
+class RescaleTransformation(ReportsInputBounds, DataTransformation):
     """Maps a bounded Box with bounds `[low, high]` affinely onto `[new_low, new_high]`, element-wise:
     `y = x * a + b` with `a = (new_high - new_low) / (high - low)` and `b = new_low - low * a`, computed in float64.
     An element whose source bounds are equal (`low == high`) maps to `new_low`.
@@ -52,16 +54,22 @@ class RescaleTransformation(DataTransformation):
       backend's default float dtype; array bounds take part in the promotion as in the reference (a float64 NumPy
       `new_low` makes a float32 source's target float64). An integer `new_dtype` rounds the result half to even, and
       the target bounds become the integers inside `[new_low, new_high]`.
-    * `nan_to`: a number or array (broadcastable like the bounds) that replaces NaN in the result; it must lie in
-      the target bounds. Without it a NaN input is refused (NaN lies outside every bounded Box).
+    * `nan_to`: a number or array (broadcastable like the bounds) that replaces NaN in the result (rounded half to
+      even for an integer `new_dtype`, where it must lie in the dtype's range). A `nan_to` outside the target bounds
+      is used all the same, with a `BoundsWarning` when the target space is first computed for a source space.
     * The source must be a real integer or float Box with finite bounds.
-    * `transform` checks its input (shape, dtype, bounds) and never produces a value outside the target bounds
-      (float64 rounding near a bound is clamped to it; the result is rounded once to the target dtype).
+    * `transform` checks its input's shape and dtype. A value inside the source bounds maps inside the target bounds
+      (float64 rounding near a bound is clamped to it; the result is rounded once to the target dtype). A value
+      outside them, or NaN without `nan_to`, is mapped as the reference maps it, with one `BoundsWarning` per
+      instance (see `ReportsInputBounds`): the linear map extrapolates (the result lies outside the target bounds)
+      and NaN stays NaN. For an integer `new_dtype` the dtype rules stay strict: a result that rounds outside the
+      dtype's range, or NaN, is ValueError (the reference's cast wraps it around or makes up a value).
     * The inverse (`direct_inverse(source_space)`, which needs the source space for its bounds) maps the target
       space back onto exactly the source space (an integer source gets an integer `new_dtype`, so values are rounded
-      back). A round trip is exact when the arithmetic is (scales that are powers of two with zero offsets, e.g.
-      `[-1, 1] -> [-2, 2]`); otherwise it is within a rounding of the value. Note that zero maps to `b`, so a
-      storage's never-written rows read back as the inverse image of zero.
+      back), extrapolating too, without warning (see `ReportsInputBounds`). A round trip is exact when the
+      arithmetic is (scales that are powers of two with zero offsets, e.g. `[-1, 1] -> [-2, 2]`); otherwise it is
+      within a rounding of the value. Note that zero maps to `b`, so a storage's never-written rows read back as the
+      inverse image of zero.
     """
 
     has_inverse = True
@@ -155,10 +163,16 @@ class RescaleTransformation(DataTransformation):
             except ValueError:
                 raise ValueError(f"nan_to of shape {self.nan_to.shape} does not broadcast to the space's shape "
                                  f"{shape}") from None
-            stored = np.round(fill) if to_int else fill
-            if np.any(stored < target.low_numpy) or np.any(stored > target.high_numpy):
-                raise ValueError(f"{_WHO}: nan_to={params_to_json(self.nan_to)} lies outside the target bounds "
-                                 f"[{params_to_json(self.new_low)}, {params_to_json(self.new_high)}]")
+            if to_int:
+                fill = np.round(fill)
+                dlo, dhi = int_range(dtype_name(b, dt))
+                if np.any(fill < dlo) or np.any(fill > dhi):
+                    raise ValueError(f"{_WHO}: nan_to={params_to_json(self.nan_to)} rounds outside the range of "
+                                     f"{dtype_name(b, dt)} [{dlo}, {dhi}]")
+            if np.any(fill < target.low_numpy) or np.any(fill > target.high_numpy):
+                warn_user(f"{_WHO}: nan_to={params_to_json(self.nan_to)} lies outside the target bounds "
+                          f"[{params_to_json(self.new_low)}, {params_to_json(self.new_high)}]: NaN inputs become "
+                          "values outside the target space", BoundsWarning)
             nan_to = _coef(b, np.asarray(fill, np.float64), sp.device)
         dev = sp.device
         ints = None
@@ -174,7 +188,7 @@ class RescaleTransformation(DataTransformation):
         sp = require_box(source_space, _WHO)
         b = sp.backend
         x = coerce(sp, data, _WHO)
-        check_bounds(sp, x, _WHO, allow_nan=nan_to is not None)
+        ok = inside_mask(sp, x, allow_nan=nan_to is not None)      # None: every value inside (the usual case)
         il, ih = ints if ints is not None else (None, None)
         consts = (a, off, nl, nh, nan_to, il, ih)
         if any(c is not None and not isinstance(c, float) for c in consts):
@@ -182,20 +196,37 @@ class RescaleTransformation(DataTransformation):
             a, off, nl, nh, nan_to, il, ih = (c if c is None or isinstance(c, float) else b.to_device(c, dev)
                                               for c in consts)
         y = b.astype(x, b.dtype_from_name("float64")) * a + off
-        y = b.clip(y, nl, nh)
+        # values inside the source bounds are clamped into the target bounds (float64 rounding); others extrapolate
+        y = b.clip(y, nl, nh) if ok is None else b.where(ok, b.clip(y, nl, nh), y)
+        if ints is not None:
+            y = b.round(y)
+            y = b.clip(y, il, ih) if ok is None else b.where(ok, b.clip(y, il, ih), y)
         if nan_to is not None:
             y = b.where(b.isnan(y), nan_to, y)
-        if ints is not None:
-            y = b.clip(b.round(y), il, ih)
+        if ints is not None and ok is not None:
+            self._check_int_range(b, x, y, dtype_name(b, target.dtype))
+        self._report_outside(sp, x, ok, _WHO, "it is mapped by the same linear map (extrapolated; NaN stays NaN)")
         return b.astype(y, target.dtype)
+
+    @staticmethod
+    def _check_int_range(b: Any, x: Any, y: Any, name: str) -> None:
+        """ValueError naming the first input whose (rounded, float64) image `y` is NaN or outside `name`'s range."""
+        dlo, dhi = int_range(name)
+        fits = b.logical_and(y >= float(dlo), y < float(dhi) + 1.0)   # both limits are powers of two in float64
+        if not all_true(b, fits):
+            pos, val = _first_false(b, x, fits)
+            raise ValueError(f"{_WHO}: value {val!r} at position {pos} maps to {y[pos].item()!r}, which {name} cannot "
+                             f"hold (its range is [{dlo}, {dhi}]; NaN has no integer value)")
 
     def direct_inverse(self, source_space: Optional[Space] = None) -> "RescaleTransformation":
         if source_space is None:
             raise ValueError(f"{_WHO}.direct_inverse needs the source space: its bounds are the inverse's new bounds")
         sp = self._check_source(source_space)
         self.get_target_space_from_source(sp)
-        return RescaleTransformation(new_low=sp.low_numpy, new_high=sp.high_numpy,
-                                     new_dtype=dtype_name(sp.backend, sp.dtype))
+        inverse = RescaleTransformation(new_low=sp.low_numpy, new_high=sp.high_numpy,
+                                        new_dtype=dtype_name(sp.backend, sp.dtype))
+        inverse.silence_bounds_warnings()
+        return inverse
 
     # ------------------------------------------------------------------ JSON and pickling
     def to_json(self) -> Dict[str, Any]:
@@ -223,11 +254,12 @@ class RescaleTransformation(DataTransformation):
     def __getstate__(self) -> Dict[str, Any]:
         return {"new_low": typed_param(self.new_low, self.bound_dtypes[0]),
                 "new_high": typed_param(self.new_high, self.bound_dtypes[1]), "new_dtype": self.new_dtype,
-                "nan_to": self.nan_to}
+                "nan_to": self.nan_to, **self._bounds_state()}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         RescaleTransformation.__init__(self, state["new_low"], state["new_high"], state["new_dtype"],
                                        state.get("nan_to"))
+        self._restore_bounds_state(state)
 
 
 __all__ = ["RescaleTransformation"]

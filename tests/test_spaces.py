@@ -15,21 +15,7 @@ from unienv_interface.space.space_utils import batch_utils as bu
 from unienv_interface.space.space_utils import flatten_utils as fu
 from unienv_interface.space.space_utils import serialization_utils as su
 
-try:
-    import torch
-
-    from unienv_interface.backends.pytorch import PyTorchComputeBackend as TB
-except ImportError:  # pragma: no cover - the torch extra is not installed
-    torch = None  # type: ignore[assignment]
-    TB = None  # type: ignore[assignment,misc]
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs the torch extra")
-BACKENDS = [pytest.param(NB, id="numpy"), pytest.param(TB, id="pytorch", marks=needs_torch)]
-try:  # JAX joins every backend-parametrized test when the `jax` extra is installed (CI installs it)
-    from unienv_interface.backends.jax import JaxComputeBackend as JB
-    BACKENDS.append(pytest.param(JB, id="jax"))
-except ModuleNotFoundError:  # pragma: no cover - the jax extra is not installed
-    JB = None  # type: ignore[assignment,misc]
+from _backend_params import BACKENDS, JB, TB, needs_torch, torch  # noqa: F401
 
 
 def dt(B: Any, name: str) -> Any:

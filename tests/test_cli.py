@@ -587,3 +587,14 @@ def test_import_option_loads_a_plugin_storage(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert "--import no_such_plugin_module_xyz" in missing.stderr and "PYTHONPATH" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_info_names_an_unfinished_create_and_the_way_out(tmp_path: Path) -> None:
+    """A directory a killed `ReplayBuffer.create()` left (its storage directory and writer lock, no metadata.json):
+    `info` says it is an unfinished create and names `overwrite=True`, as `load_from` does."""
+    out = tmp_path / "rb"
+    (out / "storage").mkdir(parents=True)
+    (out / ".writer.lock").write_text("")
+    res = run_cli("info", out, check=False)
+    assert res.returncode != 0
+    assert "did not finish" in res.stderr and "overwrite=True" in res.stderr, res.stderr

@@ -49,8 +49,13 @@ def detect(path: str) -> Tuple[str, str]:
             if isinstance(st, str):
                 return _short(st), os.path.join(path, name)
     known = ", ".join(n for n, _ in DIRECTORY_METADATA)
+    unfinished = ""
+    if os.path.isdir(os.path.join(path, "storage")) or os.path.exists(os.path.join(path, ".writer.lock")):
+        unfinished = ("; it looks like a ReplayBuffer.create() that did not finish (the process died while creating "
+                      "it): nothing in it was committed; create it again with ReplayBuffer.create(..., "
+                      f"cache_path={path!r}, overwrite=True)")
     raise StorageFormatError(f"{path} holds no dataset metadata (looked for {known}, or a file with a "
-                             f"{SIDECAR_SUFFIX} sidecar)")
+                             f"{SIDECAR_SUFFIX} sidecar){unfinished}")
 
 
 def walk(path: str) -> StorageNode:

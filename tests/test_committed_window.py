@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unienv_data.base.ring import run_inside, window_before_overwrite
+from unienv_data.base.segments import SegmentLog
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_data.replay_buffer._buffer_log import BUFFER_LOG_FILE
 from unienv_data.replay_buffer._metadata import read_metadata
@@ -44,6 +47,65 @@ def test_window_gives_up_the_oldest_rows_through_the_victim() -> None:
     assert window_before_overwrite(10, 16, (14, 1), 16, [(14, 4), (2, 3)]) == (2, 8)
     # everything overwritten
     assert window_before_overwrite(3, 16, (0, 16), 16, [(3, 5)], 4) == (3, 0)
+
+
+def _model_window(offset: int, count: int, victim: Tuple[int, int], cap: Optional[int], runs: List[Tuple[int, int]],
+                  slack: int) -> Tuple[int, int]:
+    """The rule of `window_before_overwrite`, row by row: a ring gives up its logical rows up to the newest victim
+    row it shows, then keeps giving up while the cut lies inside a run, then up to `slack` rows that start no run;
+    a growable array keeps its rows before the victim's first row and before every run that reaches the cut."""
+    def rows(run: Tuple[int, int]) -> List[int]:
+        return [(run[0] + k) % cap if cap else run[0] + k for k in range(run[1])]
+    if count <= 0 or victim[1] <= 0:
+        return offset, count
+    if cap is None:
+        if victim[0] >= count:
+            return 0, count
+        new = victim[0]
+        while any(s < new < s + n for s, n in runs):
+            new = max(s for s, n in runs if s < new < s + n)
+        return 0, new
+    logical = {p: (p - offset) % cap for p in range(cap)}
+    shown = [logical[p] for p in rows(victim) if logical[p] < count]
+    if not shown:
+        return offset, count
+    cut = max(shown) + 1
+    owner = {}          # logical row -> the run holding it
+    for i, run in enumerate(runs):
+        for p in rows(run):
+            if logical[p] < count:
+                owner[logical[p]] = i
+    while cut < count and cut in owner and cut - 1 in owner and owner[cut] == owner[cut - 1]:
+        cut += 1        # the cut lies inside a run: that run goes whole
+    starts = {logical[r[0]] for r in runs} | {logical[p] for r in runs for p in rows(r)
+                                               if logical[p] < count and logical[p] - 1 not in owner}
+    k = 0
+    while cut < count and k < slack and cut not in starts:
+        cut, k = cut + 1, k + 1
+    return (offset + cut) % cap, count - cut
+
+
+@st.composite
+def windows_on_a_ring(draw: st.DrawFn) -> Tuple[int, int, Tuple[int, int], Optional[int], List[Tuple[int, int]], int]:
+    cap = draw(st.sampled_from([None, 4, 9, 16]))
+    limit = cap if cap is not None else 20
+    log = SegmentLog(cap)
+    for _ in range(draw(st.integers(0, 6))):
+        start = draw(st.integers(0, limit - 1))
+        log.add(start, draw(st.integers(1, cap if cap is not None else limit - start)))
+    offset = draw(st.integers(0, limit - 1)) if cap is not None else 0
+    count = draw(st.integers(0, limit))
+    vstart = draw(st.integers(0, limit - 1))
+    victim = (vstart, draw(st.integers(1, cap if cap is not None else limit - vstart)))
+    return offset, count, victim, cap, log.runs(), draw(st.integers(0, 5))
+
+
+@settings(max_examples=500, deadline=None)
+@given(windows_on_a_ring())
+def test_window_sweep_agrees_with_the_row_by_row_rule(case: Any) -> None:
+    offset, count, victim, cap, runs, slack = case
+    assert window_before_overwrite(offset, count, victim, cap, runs, slack) == \
+        _model_window(offset, count, victim, cap, runs, slack)
 
 
 def test_run_inside_a_window() -> None:

@@ -1,5 +1,6 @@
-"""`first_overlap` (the O(n log n) check that stored segment lists do not overlap) against the pairwise model, and
-a SegmentLog built from stored runs equals one built run by run."""
+"""`first_overlap` (the O(n log n) check that stored segment lists do not overlap) against the pairwise model, a
+SegmentLog built from stored runs equals one built run by run, and the indexed SegmentLog against the plain model
+(every operation on a list of runs, clipped run by run with `clip_runs`)."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +9,7 @@ from typing import List, Optional, Tuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unienv_data.base.ring import clip_runs, inclusive_end
 from unienv_data.base.segments import SegmentLog, first_overlap, ring_positions_overlap
 
 
@@ -43,3 +45,59 @@ def test_log_from_stored_runs_equals_log_built_run_by_run(case: Tuple[Optional[i
     for s, n in runs:
         one_by_one.add(s, n)
     assert SegmentLog(cap, runs).runs() == one_by_one.runs()
+
+
+@st.composite
+def operations_on_a_ring(draw: st.DrawFn) -> Tuple[Optional[int], List[Tuple[str, int, int]]]:
+    cap = draw(st.sampled_from([None, 1, 2, 5, 8, 13]))
+    limit = cap if cap is not None else 30
+    ops = []
+    for _ in range(draw(st.integers(0, 40))):
+        kind = draw(st.sampled_from(["add", "add", "add", "drop", "truncate", "clear"]))
+        start = draw(st.integers(0, limit - 1))
+        most = cap if cap is not None else limit - start
+        ops.append((kind, start, draw(st.integers(1, most))))
+    return cap, ops
+
+
+def _model_rows_before_next_start(runs: List[Tuple[int, int]], row: int, cap: Optional[int]) -> int:
+    best = 1 << 62
+    for s, _n in runs:
+        d = (s - row) % cap if cap else (s - row if s >= row else 1 << 62)
+        best = min(best, d)
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(operations_on_a_ring())
+def test_indexed_log_agrees_with_the_plain_model(case: Tuple[Optional[int], List[Tuple[str, int, int]]]) -> None:
+    cap, ops = case
+    log, model = SegmentLog(cap), []      # type: ignore[var-annotated]
+    limit = cap if cap is not None else 30
+    for kind, start, n in ops:
+        before = log.version
+        if kind == "add":
+            log.add(start, n)
+            model = clip_runs(model, (start, n), cap) + [(start, n)]
+            assert log.added_since(before) == (start, n)
+        elif kind == "drop":
+            expected = clip_runs(model, (start, n), cap)
+            log.drop_overlapping(start, n)
+            assert (log.version != before) == (expected != model)
+            model = expected
+        elif kind == "truncate" and cap is None:
+            log.truncate(start)
+            model = [(s, m) for s, m in model if s + m <= start]
+        elif kind == "clear":
+            log.clear()
+            model = []
+        assert log.runs() == model
+        assert log.to_json() == [list(r) for r in model]
+        assert log.sorted_inclusive() == sorted((s, inclusive_end(s, m, cap)) for s, m in model)
+        for row in range(limit):
+            holding = [r for r in model if ring_positions_overlap(r, (row, 1), cap)]
+            assert log.run_at(row) == (holding[0] if holding else None)
+            assert log.rows_before_next_start(row) == _model_rows_before_next_start(model, row, cap)
+        assert log.overlapping(start, n) == sorted(r for r in model if ring_positions_overlap(r, (start, n), cap))
+        if kind != "add" and log.version != before:
+            assert log.added_since(before) is None and log.added_since(log.version - 1) is None

@@ -47,6 +47,14 @@ def inclusive_end(start: int, length: int, capacity: Optional[int]) -> int:
     return start + length - 1 if capacity is None else (start + length - 1) % capacity
 
 
+def runs_of_pairs(pairs: Iterable[Tuple[int, int]], capacity: Optional[int]) -> List[Run]:
+    """`(start, length)` of each inclusive `(start, end)` pair (`run_length` over a list, in one pass: owners call it
+    at every commit point, over every episode)."""
+    if capacity is None:
+        return [(s, e - s + 1) for s, e in pairs]
+    return [(s, (e - s) % capacity + 1) for s, e in pairs]
+
+
 def ring_rows(start: int, length: int, capacity: Optional[int]) -> np.ndarray:
     """The physical rows of the run `(start, length)`, in write order, as int64."""
     rows = np.arange(start, start + length, dtype=np.int64)
@@ -186,6 +194,14 @@ def run_inside(run: Run, offset: int, count: int, capacity: Optional[int]) -> bo
     return (run[0] - offset) % capacity + run[1] <= count
 
 
+def runs_not_inside(runs: Iterable[Run], offset: int, count: int, capacity: Optional[int]) -> List[Run]:
+    """The runs of `runs` not wholly among the `count` rows held from `offset` (`run_inside` over a list, in one
+    pass)."""
+    if capacity is None:
+        return [r for r in runs if r[1] > 0 and not (0 <= r[0] and r[0] + r[1] <= count)]
+    return [r for r in runs if r[1] > 0 and (r[0] - offset) % capacity + r[1] > count]
+
+
 def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Optional[int],
                             whole: Iterable[Run] = (), slack: int = 0) -> Tuple[int, int]:
     """The part of a committed window (`count` rows from `offset`) that stays intact while the rows of `victim`
@@ -200,29 +216,32 @@ def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Opti
         return offset, count
     runs = [r for r in whole if r[1] > 0]
     if capacity is None:
+        # one sweep from the newest start down: the cut only moves down, past starts already swept
         new = min(count, victim[0])
-        changed = new < count
-        while changed:
-            changed = False
-            for s, n in runs:
-                if s < new < s + n:
-                    new, changed = s, True
+        if new == count:
+            return 0, count         # a victim past the window changes nothing
+        for s, n in sorted(runs, reverse=True):
+            if s < new < s + n:
+                new = s
         return 0, new
     hit = logical_ranges([victim], offset, count, capacity)
     if not hit:
         return offset, count
     cut = max(b for _a, b in hit)
-    pieces = [(a, a + r[1]) for r in runs if run_inside(r, offset, count, capacity)
-              for a in ((r[0] - offset) % capacity,)]
-    pieces += logical_ranges([r for r in runs if not run_inside(r, offset, count, capacity)], offset, count,
-                             capacity)
-    changed = True
-    while changed:
-        changed = False
-        for a, b in pieces:
-            if a < cut < b:
-                cut, changed = b, True
+    stray = runs_not_inside(runs, offset, count, capacity)
+    pieces = logical_ranges(stray, offset, count, capacity)
+    if stray:
+        strays = set(stray)
+        runs = [r for r in runs if r not in strays]
+    pieces += [(a, a + n) for s, n in runs for a in ((s - offset) % capacity,)]
+    # one sweep in logical order: the cut only moves up, past starts already swept
+    pieces.sort()
+    i = 0
+    while i < len(pieces) and pieces[i][0] < cut:
+        if pieces[i][1] > cut:
+            cut = pieces[i][1]
+        i += 1
     if cut < count and slack > 0:
-        nxt = min([a for a, _b in pieces if a >= cut], default=count)
+        nxt = pieces[i][0] if i < len(pieces) else count
         cut = min(nxt, cut + slack)
     return physical_row(offset, cut, capacity), count - cut

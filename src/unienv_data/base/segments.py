@@ -8,10 +8,11 @@ wrapped keeps its newest rows, as in unienv 0.0.1b16.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Tuple
+from bisect import bisect_left
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import StorageFormatError
-from .ring import clip_runs, inclusive_end, ring_intervals, runs_overlap
+from .ring import inclusive_end, ring_intervals, runs_overlap, subtract_run
 
 def episode_segments_of(obj: Any) -> Optional[Any]:
     """The episodes `obj` (a storage, buffer or batch) records: its `episode_segments()` (this project's
@@ -40,13 +41,28 @@ def first_overlap(runs: List[Tuple[int, int]], capacity: Optional[int]) -> Optio
 
 
 class SegmentLog:
-    """Committed segments as `(start, length)` runs, oldest first."""
+    """Committed segments as `(start, length)` runs, oldest first.
+
+    Besides the runs in commit order it keeps them indexed by physical start (a sorted list of starts; recorded runs
+    never share a row, so they are ordered by their ends too, and at most one, the one with the largest start, wraps
+    the ring). Recording a segment or cutting rows out therefore touches only the runs it overlaps, found by
+    bisection, and the position-ordered listing is kept up to date, so a commit costs the same whether the log holds
+    ten episodes or a hundred thousand (`clip_runs` over the whole list is the plain model it is tested against)."""
 
     def __init__(self, capacity: Optional[int], runs: Iterable[Tuple[int, int]] = ()) -> None:
         self.capacity = capacity
         self._runs: List[Tuple[int, int]] = []
+        self._starts: List[int] = []            # the runs' starts, sorted
+        self._length_at: Dict[int, int] = {}    # start -> length
+        self._sorted: List[Tuple[int, int]] = []     # `(start, inclusive end)` in position order (as `_starts`)
+        self._as_lists: List[List[int]] = []     # `_runs` as JSON lists (kept up to date: `to_json` copies it)
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
+        #: `(version before, run)` of the latest `add`: an owner that persisted the list of that version can record
+        #: the change as the one added run (see `added_since`)
+        self.last_add: Optional[Tuple[int, Tuple[int, int]]] = None
+        #: `(version before, run)` of the latest `drop_overlapping` that changed the list (see `cut_since`)
+        self.last_cut: Optional[Tuple[int, Tuple[int, int]]] = None
         #: the run an open append-built segment is overwriting row by row (clipped at every row): left out of
         #: what is persisted (`to_json`) until that segment ends, so the files never list a row about to be
         #: overwritten, and persisting once per run eaten (not once per row) is enough
@@ -54,6 +70,7 @@ class SegmentLog:
         given = [(int(s), int(n)) for s, n in runs]
         if all(n > 0 and (capacity is None or n <= capacity) for _s, n in given) and first_overlap(given, capacity) is None:
             self._runs = given          # the usual case (a stored log): no overlap to resolve, O(n log n)
+            self._index_all()
         else:
             for s, n in given:
                 self.add(s, n)
@@ -61,10 +78,87 @@ class SegmentLog:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # a log pickled before the index existed is indexed again
+        self.__dict__.update(state)
+        if "_starts" not in state:
+            self._index_all()
+            self.last_add = self.last_cut = None
+
     def runs(self) -> List[Tuple[int, int]]:
         """`(start, length)` of every recorded segment, oldest first."""
         return list(self._runs)
 
+    # ------------------------------------------------------------------ the index
+    def overlapping(self, start: int, length: int) -> List[Tuple[int, int]]:
+        """The recorded runs sharing a physical row with the run `(start, length)`, in position order; O(log n) plus
+        the runs found."""
+        if length <= 0 or not self._starts:
+            return []
+        cap, starts, length_at = self.capacity, self._starts, self._length_at
+        found: List[int] = []
+        for lo, hi in ring_intervals(int(start), int(length), cap):
+            j = bisect_left(starts, hi) - 1
+            while j >= 0 and starts[j] + length_at[starts[j]] > lo:
+                found.append(starts[j])
+                j -= 1
+            if cap is not None:             # the head piece `[0, end)` of the one run that wraps
+                last = starts[-1]
+                end = last + length_at[last] - cap
+                if end > 0 and lo < end and last not in found:
+                    found.append(last)
+        return [(s, length_at[s]) for s in sorted(set(found))]
+
+    def run_at(self, row: int) -> Optional[Tuple[int, int]]:
+        """The recorded run holding physical row `row`, or None."""
+        hit = self.overlapping(row, 1)
+        return hit[0] if hit else None
+
+    def rows_before_next_start(self, row: int) -> int:
+        """Rows from physical `row` to the nearest recorded run start at or after it (following the ring past its
+        end), `1 << 62` when there is none ahead."""
+        starts = self._starts
+        if not starts:
+            return 1 << 62
+        i = bisect_left(starts, row)
+        if i < len(starts):
+            return starts[i] - row
+        return 1 << 62 if self.capacity is None else starts[0] + self.capacity - row
+
+    def _index_all(self) -> None:
+        """Builds the index from `_runs`."""
+        self._length_at = dict(self._runs)
+        self._starts = sorted(self._length_at)
+        self._sorted = [(s, inclusive_end(s, self._length_at[s], self.capacity)) for s in self._starts]
+        self._as_lists = list(map(list, self._runs))
+
+    def _index_add(self, start: int, length: int) -> None:
+        i = bisect_left(self._starts, start)
+        self._starts.insert(i, start)
+        self._sorted.insert(i, (start, inclusive_end(start, length, self.capacity)))
+        self._length_at[start] = length
+
+    def _index_remove(self, start: int) -> None:
+        i = bisect_left(self._starts, start)
+        del self._starts[i], self._sorted[i], self._length_at[start]
+
+    def _replace(self, victims: List[Tuple[int, int]], cut: Tuple[int, int]) -> None:
+        """Replaces each of `victims` (recorded runs overlapping `cut`) by what is left of it once the rows of
+        `cut` are gone, in place (a run keeps its place in commit order)."""
+        cap = self.capacity
+        for v in victims:
+            pieces = subtract_run(v, cut, cap)
+            i = self._runs.index(v)
+            self._runs[i:i + 1] = pieces
+            self._as_lists[i:i + 1] = [list(p) for p in pieces]
+            self._index_remove(v[0])
+            for s, n in pieces:
+                self._index_add(s, n)
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    # ------------------------------------------------------------------ changes
     def add(self, start: int, length: int) -> None:
         """Records a segment; older segments sharing rows with it are clipped to their other rows. Empty segments
         are ignored."""
@@ -73,10 +167,21 @@ class SegmentLog:
         if self.capacity is not None and length > self.capacity:
             raise ValueError(f"a segment of {length} rows does not fit in capacity {self.capacity}")
         new = (int(start), int(length))
-        self._runs = clip_runs(self._runs, new, self.capacity)
+        self._replace(self.overlapping(*new), new)
         self._runs.append(new)
+        self._as_lists.append(list(new))
+        self._index_add(*new)
         self.eaten = None
-        self.version += 1
+        self.last_add = (self.version, new)
+        self._changed()
+
+    def added_since(self, version: int) -> Optional[Tuple[int, int]]:
+        """The run recorded by `add` when the only change since `version` is that add (and no run is being
+        eaten), else None: the list now is then the list of `version` with that run added as `add` does."""
+        last = self.last_add
+        if last is not None and last[0] == version and self.version == version + 1 and self.eaten is None:
+            return last[1]
+        return None
 
     def drop_overlapping(self, start: int, length: int) -> None:
         """Cuts the rows `[start, start + length)` (about to be overwritten) out of every segment: a segment keeps
@@ -84,31 +189,61 @@ class SegmentLog:
         if length <= 0:
             return
         run = (int(start), int(length))
-        if any(runs_overlap(r, run, self.capacity) for r in self._runs):
-            self._runs = clip_runs(self._runs, run, self.capacity)
-            self.version += 1
+        victims = self.overlapping(*run)
+        if victims:
+            self._replace(victims, run)
+            self.last_cut = (self.version, run)
+            self._changed()
+
+    def cut_since(self, version: int) -> Optional[Tuple[int, int]]:
+        """When the only change since `version` (with no run being eaten then) is one `drop_overlapping`, the rows
+        that change removed from what is persisted (`to_json`) as one run: `drop_overlapping` of it turns the list
+        persisted at `version` into the list persisted now. That is the cut itself when no run is being eaten now,
+        or the cut row through the end of the run it started eating (an append-built segment eating the next
+        run: `SpaceStorage._free_rows_from`). None otherwise."""
+        last = self.last_cut
+        if last is None or last[0] != version or self.version != version + 1:
+            return None
+        (start, length), eaten = last[1], self.eaten
+        if eaten is None:
+            return last[1]
+        cap = self.capacity
+        after = start + length if cap is None else (start + length) % cap
+        if eaten[0] != after or length + eaten[1] > (cap if cap is not None else 1 << 62):
+            return None
+        return (start, length + eaten[1])
 
     def truncate(self, length: int) -> None:
         """Forgets segments reaching past row `length` (a growable storage shrank)."""
         kept = [(s, n) for s, n in self._runs if s + n <= length]
         if len(kept) != len(self._runs):
             self._runs = kept
-            self.version += 1
+            self._index_all()
+            self._changed()
 
     def clear(self) -> None:
         self.eaten = None
         if self._runs:
             self._runs = []
-            self.version += 1
+            self._index_all()
+            self._changed()
 
     def inclusive_ranges(self) -> List[Tuple[int, int]]:
         """`(start, end)` with an inclusive physical end (end < start when the segment wraps), oldest first."""
         cap = self.capacity
         return [(s, inclusive_end(s, n, cap)) for s, n in self._runs]
 
+    def sorted_inclusive(self) -> List[Tuple[int, int]]:
+        """`(start, end)` with an inclusive physical end, in position order (kept up to date: a copy of a list)."""
+        return list(self._sorted)
+
     def to_json(self) -> List[List[int]]:
-        """What is persisted: every run but the one an open append-built segment is overwriting."""
-        return [[s, n] for s, n in self._runs if (s, n) != self.eaten]
+        """What is persisted: every run but the one an open append-built segment is overwriting (a new list; its
+        `[start, length]` items are shared, not to be changed)."""
+        runs = list(self._as_lists)
+        if self.eaten is not None and self.eaten in self._length_at.items():
+            runs.remove(list(self.eaten))
+        return runs
 
     @classmethod
     def from_json(cls, data: Any, capacity: Optional[int], length: int, where: str) -> "SegmentLog":

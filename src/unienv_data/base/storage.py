@@ -21,7 +21,7 @@ from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset, replacing_allowed
 from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
-from .ring import runs_overlap, subtract_run
+from .ring import subtract_run
 from .segments import SegmentLog
 from .values import LeafConverter
 
@@ -366,7 +366,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         the integrations read episodes through it, so they work on every storage."""
         self._check_open()
         log = self.segment_log()
-        return None if log is None else sorted(log.inclusive_ranges())
+        return None if log is None else log.sorted_inclusive()
 
     def normalize_segment_start(self, start_index: Any) -> int:
         """The physical row a segment starting at `start_index` starts at (negative counts from the end; modulo the
@@ -429,19 +429,14 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             return 1 << 62
         before = log.version
         eaten = log.eaten
-        hit = next((r for r in log.runs() if runs_overlap(r, (pos, 1), self.capacity)), None)
+        hit = log.run_at(pos)
         log.drop_overlapping(pos, 1)
         if log.version != before and hit is not None:
             rest = subtract_run(hit, (pos, 1), self.capacity)
             log.eaten = rest[-1] if rest else None    # the part after `pos`, which the next appends overwrite
             if hit != eaten:
                 self.on_segments_dropped()
-        cap = self.capacity
-        best = 1 << 62
-        for s, _n in log.runs():
-            d = (s - pos) % cap if cap else (s - pos if s >= pos else 1 << 62)
-            best = min(best, d)
-        return max(best, 1)
+        return max(log.rows_before_next_start(pos), 1)
 
     def _advance_segment(self) -> None:
         self._seg_len += 1

@@ -45,7 +45,8 @@ from unienv_data.base.writer_lock import WriterLock, take_writer_lock
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
-                                   run_inside, tail_write, window_before_overwrite)
+                                   runs_not_inside, runs_of_pairs, tail_write,
+                                   window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
 from unienv_data.base.storage import SpaceStorage, close_after_block, suspended_durability
@@ -77,7 +78,7 @@ GROWABLE_SHARED_SEGMENTS = 65536
 def _storage_runs(storage: SpaceStorage) -> List[Tuple[int, int]]:
     """The episodes the storage's own segment log lists, as physical `(start, length)` runs."""
     cap = storage.capacity
-    return [(s, run_length(s, e, cap)) for s, e in storage.episode_segments() or []]
+    return runs_of_pairs(storage.episode_segments() or [], cap)
 
 
 
@@ -824,7 +825,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
             runs = self._state.get_segments() if self._own_segments else _storage_runs(st)
-        segs = None if runs is None else [[s, inclusive_end(s, n, cap)] for s, n in runs]
+        listed = runs is not None and (self._maintain or self._own_segments)   # a list the metadata holds
+        segs = [[s, inclusive_end(s, n, cap)] for s, n in runs] if listed and runs is not None else None
         if self._space_json is None:
             self._space_json = space_to_json(self.single_space if self._stored_storage is None
                                              else self._stored_storage.single_instance_space)
@@ -876,7 +878,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if own:
             self._remember_disk(meta, runs)
 
-    def _persist_state(self, meta: Dict[str, Any], runs: List[Tuple[int, int]]) -> None:
+    def _persist_state(self, meta: Dict[str, Any], runs: List[Tuple[int, int]],
+                       stray: Optional[List[Tuple[int, int]]] = None) -> None:
         """Makes `meta` (of the current generation) what the buffer's own directory shows: one appended record of
         the commit log when the buffer keeps one (single process, writable, what the directory shows is known),
         else metadata.json rewritten with it."""
@@ -893,7 +896,7 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             atomic_write_json(os.path.join(os.fspath(self.cache_path), METADATA_FILE),  # type: ignore[arg-type]
                               self._meta_for_file(meta))
             remove_if_present(os.path.join(os.fspath(self.cache_path), BUFFER_LOG_FILE))  # type: ignore[arg-type]
-        self._remember_disk(meta, runs)
+        self._remember_disk(meta, runs, stray)
 
     def _remember_opened_directory(self, meta: Dict[str, Any], listed: Optional[List[Tuple[int, int]]]) -> None:
         """A writable buffer just opened from its directory (`load_from`): remembers what the directory shows,
@@ -905,13 +908,15 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
             shown = []
         self._remember_disk(meta, shown)
 
-    def _remember_disk(self, meta: Dict[str, Any], runs: List[Tuple[int, int]]) -> None:
+    def _remember_disk(self, meta: Dict[str, Any], runs: List[Tuple[int, int]],
+                       stray: Optional[List[Tuple[int, int]]] = None) -> None:
         """Records what this buffer's own metadata.json says now: `meta`, and the segment runs that state shows
-        (kept in it, or in the storage's files), for `_guard_committed_rows`."""
-        cap = meta["capacity"]
-        window = (meta["offset"], meta["count"])
+        (kept in it, or in the storage's files), for `_guard_committed_rows`; `stray`: those of `runs` not inside
+        the window, when the caller knows them."""
+        if stray is None:
+            stray = runs_not_inside(runs, meta["offset"], meta["count"], meta["capacity"])
         self._disk_meta = meta
-        self._disk_runs = (meta, runs, [r for r in runs if not run_inside(r, window[0], window[1], cap)])
+        self._disk_runs = (meta, runs, stray)
 
     def _guard_committed_rows(self, start: int, n: int) -> None:
         """Before physical rows `[start, start + n)` are overwritten: when the metadata.json of this buffer's own
@@ -938,12 +943,13 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         if (self._st() if self._stored_storage is None else self._stored_storage).cache_filename is None:
             return                  # a copy in memory: the directory's rows do not change
         offset, count = window_before_overwrite(window[0], window[1], run, cap, runs, GUARD_SLACK_ROWS)
-        kept = [run_inside(r, offset, count, cap) for r in runs]   # the new window holds no victim row
+        gone = set(runs_not_inside(runs, offset, count, cap))     # the new window holds no victim row
+        kept = [r for r in runs if r not in gone] if gone else runs
         meta = dict(meta, offset=offset, count=count)
         key = self._segments_key()
         if meta.get(key) is not None:
-            meta[key] = [[s, inclusive_end(s, k, cap)] for (s, k), keep in zip(runs, kept) if keep]
-        self._persist_state(meta, [r for r, keep in zip(runs, kept) if keep])
+            meta[key] = [[s, inclusive_end(s, k, cap)] for s, k in kept]
+        self._persist_state(meta, kept, [])     # every kept run is inside the new window
 
     def dumps(self, path: Optional[PathLike] = None) -> None:
         """Writes the storage to `<path>/<storage_path_relative>`, then the metadata (atomically). An ended episode of

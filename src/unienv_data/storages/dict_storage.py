@@ -486,7 +486,7 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
         for key, c in self._by_key.items():
             segs = getattr(c, method)()
             if segs is not None:
-                found[key] = [tuple(s) for s in segs]  # type: ignore[misc]
+                found[key] = list(map(tuple, segs))  # type: ignore[arg-type]
         if not found:
             return None
         values = list(found.values())

@@ -241,7 +241,8 @@ import numpy as np
 from unienv_data.storages.video_storage import VideoStorage
 from unienv_interface.backends import NumpyComputeBackend as NB
 from unienv_interface.space import BoxSpace
-st = VideoStorage.create(BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3)), cache_path=sys.argv[1])
+kwargs = {"codec": "ffv1"} if sys.argv[2] == "ffv1" else {}
+st = VideoStorage.create(BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3)), cache_path=sys.argv[1], **kwargs)
 noise = np.random.default_rng(0).integers(0, 256, (600, 64, 64, 3), dtype=np.uint8)   # files far above FFmpeg's
 for e in range(2):                                                                     # 32 KiB read buffer
     st.mark_segment_start(e * 300)
@@ -272,17 +273,59 @@ print(codes, same)
 """
 
 
-def test_forked_readers_never_share_the_parents_open_decoders(tmp_path: Any) -> None:
+@pytest.mark.parametrize("codec", ["h264", "ffv1"])
+def test_forked_readers_never_share_the_parents_open_decoders(tmp_path: Any, codec: str) -> None:
     """A parent that read frames (so its decoders are open) forks two readers, as a DataLoader with workers does.
     Each child reads many random frames at the same time as the other: an inherited decoder shares its file offset
     with the parent and the sibling, so it must never be used in a child (reads failed with 'the video ends before
-    frame N' or gave other frames). The parent is a fresh interpreter: forking the test runner itself (with its
-    own threads, e.g. pytest-xdist's) could leave a child waiting on a lock held at fork time."""
+    frame N' or gave other frames). Nor may a child free one: an FFV1 decoder decodes with slice threads, which
+    exist only in the parent, and freeing its codec context in the child waited for them forever (a DataLoader
+    worker hung). The parent is a fresh interpreter: forking the test runner itself (with its own threads, e.g.
+    pytest-xdist's) could leave a child waiting on a lock held at fork time."""
     import subprocess
     import sys
-    _h264_or_skip()
+    if codec == "h264":
+        _h264_or_skip()
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    run = subprocess.run([sys.executable, "-c", _FORKED_READERS, os.path.join(os.fspath(tmp_path), "v")],
+    run = subprocess.run([sys.executable, "-c", _FORKED_READERS, os.path.join(os.fspath(tmp_path), "v"), codec],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": src})
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[0, 0] True", run.stdout + run.stderr[-2000:]
+
+
+_FORKED_COLLECTOR = r"""
+import gc, os, sys
+import numpy as np
+from unienv_data.storages.video_storage import VideoStorage
+from unienv_interface.backends import NumpyComputeBackend as NB
+from unienv_interface.space import BoxSpace
+st = VideoStorage.create(BoxSpace(NB, 0, 255, np.uint8, shape=(64, 64, 3)), cache_path=sys.argv[1], codec="ffv1")
+st.mark_segment_start(0)
+for frame in np.random.default_rng(0).integers(0, 256, (120, 64, 64, 3), dtype=np.uint8):
+    st.append(frame)
+st.mark_segment_end()
+st.get_numpy(np.arange(120))        # the decoders are open, their slice threads waiting
+gc.disable()
+cycle = [st]
+cycle.append(cycle)                 # left unclosed in a reference cycle, as a script or an earlier test may leave it
+del st, cycle
+pid = os.fork()
+if pid == 0:
+    gc.collect()                    # a DataLoader worker collecting the garbage it inherited
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.WEXITSTATUS(status))
+"""
+
+
+def test_a_forked_child_collecting_an_inherited_unclosed_storage_does_not_hang(tmp_path: Any) -> None:
+    """A VideoStorage left unclosed (in a reference cycle) when a DataLoader forks its workers: a worker that collects
+    it must not free the inherited FFV1 decoders, whose codec contexts wait for slice threads that exist only in the
+    parent (the worker hung forever; found as a hung test run)."""
+    import subprocess
+    import sys
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    run = subprocess.run([sys.executable, "-c", _FORKED_COLLECTOR, os.path.join(os.fspath(tmp_path), "v")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": src})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "child exit 0", run.stdout + run.stderr[-2000:]

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
@@ -27,6 +28,30 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._episode_files import import_optional, remove_quietly, temp_file_path
+
+# ---------------------------------------------------------------------------------------------------- fork safety
+#: every live object of this package holding an open PyAV container (`FrameEncoder`, `FrameDecoder`)
+_AV_HOLDERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: in a forked child, the holders inherited from the parent, kept alive for good (see `_pin_inherited_holders`)
+_INHERITED_HOLDERS: List[Any] = []
+
+
+def hold_av(holder: Any) -> None:
+    """Registers an object holding an open PyAV container, so a forked child never frees it (see below)."""
+    _AV_HOLDERS.add(holder)
+
+
+def _pin_inherited_holders() -> None:
+    """In a forked child (a DataLoader worker): keeps every container holder inherited from the parent alive for the
+    child's lifetime. Freeing one there frees its codec context, and a codec that decodes or encodes with FFmpeg's
+    slice threads (FFV1) then waits for threads that exist only in the parent, forever: a worker that collected an
+    unclosed VideoStorage it inherited hung. The child never uses them (`DecoderCache` opens its own)."""
+    _INHERITED_HOLDERS.extend(_AV_HOLDERS)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pin_inherited_holders)
+
 
 #: container format of each file extension
 CONTAINERS = {"mp4": "mp4", "mkv": "matroska", "mov": "mov"}
@@ -402,6 +427,7 @@ class FrameEncoder:
         self.keyframes: List[int] = []
         self._fps = fps
         self._container: Any = av.open(self.path, "w", format=CONTAINERS[plan.file_ext])
+        hold_av(self)
         try:
             self._setup = _StreamSetup(self._container, plan, shape, fps)
         except BaseException:

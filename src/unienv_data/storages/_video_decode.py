@@ -30,7 +30,8 @@ from unienv_data.base.errors import StorageFormatError, StorageNotFoundError
 
 from . import _episode_files
 from ._episode_files import copy_repeats
-from ._video_codec import _RGB_FORMATS, CONTAINERS, GRAY16_FORMATS, GRAY16_NATIVE, SLICED_CODECS, _av, _reformatter
+from ._video_codec import (_RGB_FORMATS, CONTAINERS, GRAY16_FORMATS, GRAY16_NATIVE, SLICED_CODECS, _av, _reformatter,
+                            hold_av)
 from ._video_index import EpisodeFile, RunFileIndex
 
 #: slice threads of a decoder of a `SLICED_CODECS` file by default (128x128 FFV1: 760 f/s on one thread, 1,190 f/s
@@ -71,6 +72,7 @@ class FrameDecoder:
             raise StorageNotFoundError(f"video file {path} listed in the metadata is missing") from None
         except av.error.FFmpegError as exc:
             raise StorageFormatError(f"video file {path} cannot be opened ({exc}): it is damaged") from None
+        hold_av(self)
         try:
             streams = self._container.streams.video
             if not streams:
@@ -371,7 +373,8 @@ class DecoderCache:
     def _forget_inherited(self) -> None:
         """In a forked child (DataLoader workers), forgets the decoders opened by the parent without touching them:
         their open files share one file offset with the parent and every sibling, so a read through one moves the
-        others' position (reads then failed with 'the video ends before frame N'). The child opens its own."""
+        others' position (reads then failed with 'the video ends before frame N'). The child opens its own. (They
+        are not freed either: `_video_codec` keeps every inherited container holder alive in a child.)"""
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._lock = threading.Lock()       # a lock another thread held at fork time stays held in the child

@@ -137,15 +137,16 @@ def test_consistent_batches_under_concurrent_wrapping_commits(ray_cluster: Any, 
 
     @ray.remote(num_cpus=0)
     class Writer:
-        def run(self, client: Any, seconds: float) -> int:
-            eid, deadline = 0, time.monotonic() + seconds
-            while time.monotonic() < deadline:
+        def run(self, client: Any, seconds: float, at_least: int) -> int:
+            # for `seconds`, and on until `at_least` episodes are in (a loaded machine commits fewer per second)
+            eid, deadline, limit = 0, time.monotonic() + seconds, time.monotonic() + TIMEOUT
+            while (time.monotonic() < deadline or eid < at_least) and time.monotonic() < limit:
                 client.commit([episode(eid), episode(eid + 1)])
                 eid += 2
             return eid
 
     writer = Writer.remote()
-    running = writer.run.remote(client, 4.0)
+    running = writer.run.remote(client, 4.0, 24)
     starts = first_rows()
     local = None
     batches, seen = 0, set()
@@ -158,7 +159,8 @@ def test_consistent_batches_under_concurrent_wrapping_commits(ray_cluster: Any, 
             assert time.monotonic() < deadline
             time.sleep(0.01)
         t_end = time.monotonic() + 3.0
-        while time.monotonic() < t_end:
+        # sample for 3 s, and on while the writer still commits until the batches have followed the ring
+        while time.monotonic() < t_end or (len(seen) <= 10 and time.monotonic() < deadline):
             view = local._current()                       # the episodes listed when this batch starts
             # the episode holding the oldest listed row (it may be clipped: its first rows overwritten)
             oldest = int(np.searchsorted(starts, int(view.starts[0]), side="right")) - 1

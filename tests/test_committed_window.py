@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unienv_data.base.ring import run_inside, window_before_overwrite
+from unienv_data.base.ring import run_inside, runs_not_inside_sorted, window_before_overwrite
 from unienv_data.base.segments import SegmentLog
 from unienv_data.replay_buffer import ReplayBuffer
 from unienv_data.replay_buffer._buffer_log import BUFFER_LOG_FILE
@@ -104,8 +104,11 @@ def windows_on_a_ring(draw: st.DrawFn) -> Tuple[int, int, Tuple[int, int], Optio
 @given(windows_on_a_ring())
 def test_window_sweep_agrees_with_the_row_by_row_rule(case: Any) -> None:
     offset, count, victim, cap, runs, slack = case
-    assert window_before_overwrite(offset, count, victim, cap, runs, slack) == \
-        _model_window(offset, count, victim, cap, runs, slack)
+    expected = _model_window(offset, count, victim, cap, runs, slack)
+    assert window_before_overwrite(offset, count, victim, cap, runs, slack) == expected
+    assert window_before_overwrite(offset, count, victim, cap, sorted(runs), slack, presorted=True) == expected
+    assert runs_not_inside_sorted(sorted(runs), offset, count, cap) == \
+        [r for r in sorted(runs) if not run_inside(r, offset, count, cap)]
 
 
 def test_run_inside_a_window() -> None:

@@ -93,6 +93,7 @@ def test_indexed_log_agrees_with_the_plain_model(case: Tuple[Optional[int], List
             model = []
         assert log.runs() == model
         assert log.to_json() == [list(r) for r in model]
+        assert log.sorted_runs() == sorted(model)
         assert log.sorted_inclusive() == sorted((s, inclusive_end(s, m, cap)) for s, m in model)
         for row in range(limit):
             holding = [r for r in model if ring_positions_overlap(r, (row, 1), cap)]

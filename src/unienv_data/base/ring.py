@@ -15,7 +15,8 @@ Every fact about the ring lives here once, and the replay buffer, the segment lo
 """
 from __future__ import annotations
 
-from typing import Iterable, List, NamedTuple, Optional, Tuple
+from bisect import bisect_left
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -89,6 +90,39 @@ def runs_overlap(a: Run, b: Run, capacity: Optional[int]) -> bool:
             if s1 < e2 and s2 < e1:
                 return True
     return False
+
+
+def overlapping_sorted(runs: Sequence[Run], start: int, length: int, capacity: Optional[int]) -> List[Run]:
+    """The runs of `runs` (runs sharing no row, sorted by start) that share a physical row with the run
+    `(start, length)`, in position order; O(log n) plus the runs found.
+
+    Runs sharing no row are ordered by their ends too, and at most one of them, the last, wraps the ring: bisection
+    finds the last run starting before each interval of the query, and the runs before it overlap while they end
+    after the interval's start."""
+    if length <= 0 or not runs:
+        return []
+    found = set()
+    for lo, hi in ring_intervals(start, length, capacity):
+        j = bisect_left(runs, (hi,)) - 1
+        while j >= 0 and runs[j][0] + runs[j][1] > lo:
+            found.add(j)
+            j -= 1
+        if capacity is not None:        # the head piece `[0, end)` of the one run that wraps
+            s, n = runs[-1]
+            if s + n > capacity and lo < s + n - capacity:
+                found.add(len(runs) - 1)
+    return [runs[j] for j in sorted(found)]
+
+
+def next_start_distance(runs: Sequence[Run], row: int, capacity: Optional[int]) -> int:
+    """Rows from physical `row` to the nearest start of a run of `runs` (sorted by start) at or after it, following
+    the ring past its end; `1 << 62` when there is none ahead."""
+    if not runs:
+        return 1 << 62
+    i = bisect_left(runs, (row,))
+    if i < len(runs):
+        return runs[i][0] - row
+    return 1 << 62 if capacity is None else runs[0][0] + capacity - row
 
 
 def subtract_run(run: Run, victim: Run, capacity: Optional[int]) -> List[Run]:
@@ -202,8 +236,25 @@ def runs_not_inside(runs: Iterable[Run], offset: int, count: int, capacity: Opti
     return [r for r in runs if r[1] > 0 and (r[0] - offset) % capacity + r[1] > count]
 
 
+def runs_not_inside_sorted(runs: Sequence[Run], offset: int, count: int, capacity: Optional[int]) -> List[Run]:
+    """`runs_not_inside` for runs sharing no row, sorted by start, in O(log n) plus the runs found: a run not wholly in
+    the window holds a row of the rows outside it, or (a full ring) the window's newest and oldest rows."""
+    if not runs:
+        return []
+    if count <= 0:
+        return [r for r in runs if r[1] > 0]
+    if capacity is None:
+        last = runs[-1][0] + runs[-1][1]
+        found = overlapping_sorted(runs, count, last - count, None) if last > count else []
+    elif count < capacity:
+        found = overlapping_sorted(runs, (offset + count) % capacity, capacity - count, capacity)
+    else:
+        found = overlapping_sorted(runs, (offset - 1) % capacity, 2, capacity)
+    return runs_not_inside(found, offset, count, capacity)
+
+
 def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Optional[int],
-                            whole: Iterable[Run] = (), slack: int = 0) -> Tuple[int, int]:
+                            whole: Iterable[Run] = (), slack: int = 0, *, presorted: bool = False) -> Tuple[int, int]:
     """The part of a committed window (`count` rows from `offset`) that stays intact while the rows of `victim`
     are overwritten, as a new `(offset, count)`; the window itself when `victim` misses it.
 
@@ -211,37 +262,33 @@ def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Opti
     rows, so the newest rows survive), then through the end of every run of `whole` the cut reaches (such a run
     is lost as a whole once any of its rows is), then up to `slack` more rows that belong to no run of `whole`
     (so that the next writes at the tail fall in rows already given up). A growable array (offset 0) keeps its
-    rows before the victim's first one and before every run of `whole` that reaches it."""
+    rows before the victim's first one and before every run of `whole` that reaches it.
+
+    `whole` holds runs sharing no row; `presorted`: they are sorted by start already (else they are sorted here).
+    Only the runs holding the cut are looked at (bisection), so the cost does not grow with their number."""
     if count <= 0 or victim[1] <= 0:
         return offset, count
-    runs = [r for r in whole if r[1] > 0]
+    runs: Sequence[Run] = whole if presorted and isinstance(whole, (list, tuple)) else sorted(whole)
     if capacity is None:
-        # one sweep from the newest start down: the cut only moves down, past starts already swept
         new = min(count, victim[0])
         if new == count:
             return 0, count         # a victim past the window changes nothing
-        for s, n in sorted(runs, reverse=True):
-            if s < new < s + n:
-                new = s
+        holder = overlapping_sorted(runs, new, 1, None)
+        if holder and holder[0][0] < new:
+            new = holder[0][0]      # the run holding the cut row is lost whole: keep the rows before it
         return 0, new
     hit = logical_ranges([victim], offset, count, capacity)
     if not hit:
         return offset, count
     cut = max(b for _a, b in hit)
-    stray = runs_not_inside(runs, offset, count, capacity)
-    pieces = logical_ranges(stray, offset, count, capacity)
-    if stray:
-        strays = set(stray)
-        runs = [r for r in runs if r not in strays]
-    pieces += [(a, a + n) for s, n in runs for a in ((s - offset) % capacity,)]
-    # one sweep in logical order: the cut only moves up, past starts already swept
-    pieces.sort()
-    i = 0
-    while i < len(pieces) and pieces[i][0] < cut:
-        if pieces[i][1] > cut:
-            cut = pieces[i][1]
-        i += 1
+    while cut < count:              # the run holding the cut row and the row before it is lost whole
+        holder = overlapping_sorted(runs, (offset + cut) % capacity, 1, capacity)
+        ends = [b for a, b in logical_ranges(holder, offset, count, capacity) if a < cut < b]
+        if not ends:
+            break
+        cut = max(ends)
     if cut < count and slack > 0:
-        nxt = pieces[i][0] if i < len(pieces) else count
-        cut = min(nxt, cut + slack)
+        # up to the next run start at or after the cut (the nearest in ring order from the cut's row)
+        ahead = cut + next_start_distance(runs, (offset + cut) % capacity, capacity)
+        cut = min(ahead if ahead < capacity else count, count, cut + slack)
     return physical_row(offset, cut, capacity), count - cut

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import StorageFormatError
-from .ring import inclusive_end, ring_intervals, runs_overlap, subtract_run
+from .ring import inclusive_end, next_start_distance, overlapping_sorted, ring_intervals, runs_overlap, subtract_run
 
 def episode_segments_of(obj: Any) -> Optional[Any]:
     """The episodes `obj` (a storage, buffer or batch) records: its `episode_segments()` (this project's
@@ -43,7 +43,7 @@ def first_overlap(runs: List[Tuple[int, int]], capacity: Optional[int]) -> Optio
 class SegmentLog:
     """Committed segments as `(start, length)` runs, oldest first.
 
-    Besides the runs in commit order it keeps them indexed by physical start (a sorted list of starts; recorded runs
+    Besides the runs in commit order it keeps them sorted by physical start (recorded runs
     never share a row, so they are ordered by their ends too, and at most one, the one with the largest start, wraps
     the ring). Recording a segment or cutting rows out therefore touches only the runs it overlaps, found by
     bisection, and the position-ordered listing is kept up to date, so a commit costs the same whether the log holds
@@ -52,9 +52,8 @@ class SegmentLog:
     def __init__(self, capacity: Optional[int], runs: Iterable[Tuple[int, int]] = ()) -> None:
         self.capacity = capacity
         self._runs: List[Tuple[int, int]] = []
-        self._starts: List[int] = []            # the runs' starts, sorted
-        self._length_at: Dict[int, int] = {}    # start -> length
-        self._sorted: List[Tuple[int, int]] = []     # `(start, inclusive end)` in position order (as `_starts`)
+        self._by_start: List[Tuple[int, int]] = []    # the runs sorted by start (position order)
+        self._sorted: List[Tuple[int, int]] = []      # `(start, inclusive end)` in position order (as `_by_start`)
         self._as_lists: List[List[int]] = []     # `_runs` as JSON lists (kept up to date: `to_json` copies it)
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
@@ -81,7 +80,7 @@ class SegmentLog:
     def __setstate__(self, state: Dict[str, Any]) -> None:
         # a log pickled before the index existed is indexed again
         self.__dict__.update(state)
-        if "_starts" not in state:
+        if "_by_start" not in state:
             self._index_all()
             self.last_add = self.last_cut = None
 
@@ -93,21 +92,7 @@ class SegmentLog:
     def overlapping(self, start: int, length: int) -> List[Tuple[int, int]]:
         """The recorded runs sharing a physical row with the run `(start, length)`, in position order; O(log n) plus
         the runs found."""
-        if length <= 0 or not self._starts:
-            return []
-        cap, starts, length_at = self.capacity, self._starts, self._length_at
-        found: List[int] = []
-        for lo, hi in ring_intervals(int(start), int(length), cap):
-            j = bisect_left(starts, hi) - 1
-            while j >= 0 and starts[j] + length_at[starts[j]] > lo:
-                found.append(starts[j])
-                j -= 1
-            if cap is not None:             # the head piece `[0, end)` of the one run that wraps
-                last = starts[-1]
-                end = last + length_at[last] - cap
-                if end > 0 and lo < end and last not in found:
-                    found.append(last)
-        return [(s, length_at[s]) for s in sorted(set(found))]
+        return overlapping_sorted(self._by_start, int(start), int(length), self.capacity)
 
     def run_at(self, row: int) -> Optional[Tuple[int, int]]:
         """The recorded run holding physical row `row`, or None."""
@@ -117,30 +102,26 @@ class SegmentLog:
     def rows_before_next_start(self, row: int) -> int:
         """Rows from physical `row` to the nearest recorded run start at or after it (following the ring past its
         end), `1 << 62` when there is none ahead."""
-        starts = self._starts
-        if not starts:
-            return 1 << 62
-        i = bisect_left(starts, row)
-        if i < len(starts):
-            return starts[i] - row
-        return 1 << 62 if self.capacity is None else starts[0] + self.capacity - row
+        return next_start_distance(self._by_start, row, self.capacity)
+
+    def sorted_runs(self) -> List[Tuple[int, int]]:
+        """`(start, length)` of every recorded segment, in position order (a copy of a list kept up to date)."""
+        return list(self._by_start)
 
     def _index_all(self) -> None:
         """Builds the index from `_runs`."""
-        self._length_at = dict(self._runs)
-        self._starts = sorted(self._length_at)
-        self._sorted = [(s, inclusive_end(s, self._length_at[s], self.capacity)) for s in self._starts]
+        self._by_start = sorted(self._runs)
+        self._sorted = [(s, inclusive_end(s, n, self.capacity)) for s, n in self._by_start]
         self._as_lists = list(map(list, self._runs))
 
     def _index_add(self, start: int, length: int) -> None:
-        i = bisect_left(self._starts, start)
-        self._starts.insert(i, start)
+        i = bisect_left(self._by_start, (start,))
+        self._by_start.insert(i, (start, length))
         self._sorted.insert(i, (start, inclusive_end(start, length, self.capacity)))
-        self._length_at[start] = length
 
     def _index_remove(self, start: int) -> None:
-        i = bisect_left(self._starts, start)
-        del self._starts[i], self._sorted[i], self._length_at[start]
+        i = bisect_left(self._by_start, (start,))
+        del self._by_start[i], self._sorted[i]
 
     def _replace(self, victims: List[Tuple[int, int]], cut: Tuple[int, int]) -> None:
         """Replaces each of `victims` (recorded runs overlapping `cut`) by what is left of it once the rows of
@@ -241,8 +222,11 @@ class SegmentLog:
         """What is persisted: every run but the one an open append-built segment is overwriting (a new list; its
         `[start, length]` items are shared, not to be changed)."""
         runs = list(self._as_lists)
-        if self.eaten is not None and self.eaten in self._length_at.items():
-            runs.remove(list(self.eaten))
+        eaten = self.eaten
+        if eaten is not None:
+            i = bisect_left(self._by_start, eaten)
+            if i < len(self._by_start) and self._by_start[i] == eaten:
+                runs.remove(list(eaten))
         return runs
 
     @classmethod

@@ -21,7 +21,7 @@ from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset, replacing_allowed
 from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
-from .ring import subtract_run
+from .ring import runs_of_pairs, subtract_run
 from .segments import SegmentLog
 from .values import LeafConverter
 
@@ -367,6 +367,17 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         self._check_open()
         log = self.segment_log()
         return None if log is None else log.sorted_inclusive()
+
+    def episode_runs(self) -> Optional[List[Tuple[int, int]]]:
+        """`episode_segments()` as physical `(start, length)` runs, in position order; None when the storage keeps no
+        segment information. Owners that need the runs at every commit point (a `ReplayBuffer` guarding the rows its
+        directory shows) read them here: a copy of the segment log's position-ordered list, not built again."""
+        self._check_open()
+        log = self.segment_log()
+        if log is not None:
+            return log.sorted_runs()
+        segs = self.episode_segments()
+        return None if segs is None else runs_of_pairs(segs, self.capacity)
 
     def normalize_segment_start(self, start_index: Any) -> int:
         """The physical row a segment starting at `start_index` starts at (negative counts from the end; modulo the

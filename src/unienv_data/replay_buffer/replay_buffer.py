@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from bisect import bisect_left
 from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
@@ -45,7 +46,7 @@ from unienv_data.base.writer_lock import WriterLock, take_writer_lock
 from unienv_data.base.indexing import NormalizedIndex, normalize_index
 from unienv_data.base.registry import resolve_storage_class, storage_type_name
 from unienv_data.base.ring import (inclusive_end, logical_ranges, ring_index, run_length, runs_overlap, tail_row,
-                                   runs_not_inside, runs_of_pairs, tail_write,
+                                   runs_not_inside_sorted, tail_write,
                                    window_before_overwrite)
 from unienv_data.base.segment_writer import SegmentWriter
 from unienv_data.base.segments import SegmentLog
@@ -77,8 +78,7 @@ GROWABLE_SHARED_SEGMENTS = 65536
 
 def _storage_runs(storage: SpaceStorage) -> List[Tuple[int, int]]:
     """The episodes the storage's own segment log lists, as physical `(start, length)` runs."""
-    cap = storage.capacity
-    return runs_of_pairs(storage.episode_segments() or [], cap)
+    return storage.episode_runs() or []
 
 
 
@@ -168,7 +168,9 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         self._disk_meta: Optional[Dict[str, Any]] = None    # what this buffer last wrote to its own metadata.json
         #: `_disk_meta`, the segment runs its state shows and those of them reaching outside its window (see
         #: `_guard_committed_rows`)
-        self._disk_runs: Optional[Tuple[Dict[str, Any], List[Tuple[int, int]], List[Tuple[int, int]]]] = None
+        #: `(meta, runs, stray, by_start)`: what the directory shows (see `_remember_disk`)
+        self._disk_runs: Optional[Tuple[Dict[str, Any], List[Tuple[int, int]], List[Tuple[int, int]],
+                                        List[Tuple[int, int]]]] = None
         self._durable = True
         #: the `commit_generation` of the metadata.json this buffer last wrote (or opened), and the log of the commit
         #: points since (single process, on disk, writable; see `_buffer_log`)
@@ -912,11 +914,13 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
                        stray: Optional[List[Tuple[int, int]]] = None) -> None:
         """Records what this buffer's own metadata.json says now: `meta`, and the segment runs that state shows
         (kept in it, or in the storage's files), for `_guard_committed_rows`; `stray`: those of `runs` not inside
-        the window, when the caller knows them."""
+        the window, when the caller knows them. The runs are kept in position order too (the storage lists them so;
+        the buffer's own list is in commit order), so the guard finds the few it needs by bisection."""
+        by_start = runs if self._own_segments is False else sorted(runs)
         if stray is None:
-            stray = runs_not_inside(runs, meta["offset"], meta["count"], meta["capacity"])
+            stray = runs_not_inside_sorted(by_start, meta["offset"], meta["count"], meta["capacity"])
         self._disk_meta = meta
-        self._disk_runs = (meta, runs, stray)
+        self._disk_runs = (meta, runs, stray, by_start)
 
     def _guard_committed_rows(self, start: int, n: int) -> None:
         """Before physical rows `[start, start + n)` are overwritten: when the metadata.json of this buffer's own
@@ -937,14 +941,23 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         run = (start, n)
         window = (meta["offset"], meta["count"])
         known = getattr(self, "_disk_runs", None)
-        runs, stray = (known[1], known[2]) if known is not None and known[0] is meta else ([], [])
+        runs, stray, by_start = (known[1], known[2], known[3]) if known is not None and known[0] is meta else ([], [], [])
         if not runs_overlap(window, run, cap) and not any(runs_overlap(r, run, cap) for r in stray):
             return                  # the common case: a row the directory does not show
         if (self._st() if self._stored_storage is None else self._stored_storage).cache_filename is None:
             return                  # a copy in memory: the directory's rows do not change
-        offset, count = window_before_overwrite(window[0], window[1], run, cap, runs, GUARD_SLACK_ROWS)
-        gone = set(runs_not_inside(runs, offset, count, cap))     # the new window holds no victim row
-        kept = [r for r in runs if r not in gone] if gone else runs
+        offset, count = window_before_overwrite(window[0], window[1], run, cap, by_start, GUARD_SLACK_ROWS,
+                                                presorted=True)
+        gone = runs_not_inside_sorted(by_start, offset, count, cap)     # the new window holds no victim row
+        if not gone:
+            kept = runs
+        elif runs is by_start:              # a copy without the few runs given up (no pass over the others)
+            kept = list(runs)
+            for r in gone:
+                del kept[bisect_left(kept, r)]
+        else:
+            lost = set(gone)
+            kept = [r for r in runs if r not in lost]
         meta = dict(meta, offset=offset, count=count)
         key = self._segments_key()
         if meta.get(key) is not None:

@@ -480,6 +480,10 @@ class DictStorage(SpaceStorage[Dict[str, Any], BArrayType, BDeviceType, BDtypeTy
         information are ignored); None when no child keeps any."""
         return self._children_segments("episode_segments")
 
+    def episode_runs(self) -> Optional[List[Tuple[int, int]]]:
+        """The runs every child records (`episode_runs()`; they must agree); None when no child keeps any."""
+        return self._children_segments("episode_runs")
+
     def _children_segments(self, method: str) -> Optional[List[Tuple[int, int]]]:
         self._check_open()
         found: Dict[str, List[Tuple[int, int]]] = {}

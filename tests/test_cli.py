@@ -142,6 +142,21 @@ def test_info_json_and_text(demo_dir: Path) -> None:
         assert needle in text, needle
 
 
+def test_info_into_a_reader_that_stops_early_is_quiet(demo_dir: Path) -> None:
+    """`unienv-data info PATH | head -1`: the reader closes the pipe after one line; the command stops without an
+    error message (it printed "error: BrokenPipeError")."""
+    import fcntl
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)    # a pipe smaller than the JSON summary
+    info = subprocess.Popen(CLI + ["info", "--json", str(demo_dir)], stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    first = os.read(read_end, 100)
+    os.close(read_end)                  # what `head` does once it has its lines
+    _out, err = info.communicate(timeout=300)
+    assert first.strip() and b"error" not in err.lower() and b"Exception" not in err, err.decode()[-2000:]
+    assert info.returncode == 141
+
+
 def test_info_on_a_nested_storage_and_on_a_non_dataset(demo_dir: Path, tmp_path: Path) -> None:
     d = run_json("info", demo_dir / "storage")
     assert d["kind"] == "DictStorage" and "obs/camera" in d["bytes_per_key"]

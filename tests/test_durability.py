@@ -975,6 +975,7 @@ def test_buffer_commit_points_append_to_its_log_and_a_crash_copy_reopens_every_e
     generation) and removes it; a log left from an older generation (a kill between the two) is ignored."""
     import json
 
+    from unienv_data.inspect import describe
     from unienv_data.replay_buffer._buffer_log import GENERATION_KEY
     from unienv_data.storages._commit_log import read_records
     path = str(tmp_path / "rb")
@@ -993,6 +994,8 @@ def test_buffer_commit_points_append_to_its_log_and_a_crash_copy_reopens_every_e
         shutil.copytree(path, snap)
         back = ReplayBuffer.load_from(snap, backend=NB)
         assert back.episode_segments() == ended[-1] and len(back) == len(rb)
+        seen = describe(snap)            # `unienv-data info` reads the log too: the offset and episodes load_from opens
+        assert seen["length"] == len(back) and [tuple(e) for e in seen["episodes"]] == sorted(ended[-1])
         assert np.array_equal(back.get_at(np.arange(len(back)))["step"], rb.get_at(np.arange(len(rb)))["step"])
         back.close()
     assert os.stat(meta_file).st_ino == inode and len(read_records(log)) >= 5

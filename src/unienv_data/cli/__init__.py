@@ -19,6 +19,7 @@ which package (or extra) to install when it is missing.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -57,12 +58,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     if code:
         return code
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()          # inside the try: a reader that went away is handled below, not at exit
+        return code
     except CLIError as exc:
         if args.debug:
             raise
         print(f"unienv-data {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:
+        # the reader went away (`unienv-data info PATH | head`): stop quietly, as a shell tool does; stdout goes to
+        # the null device so that flushing it at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
     except (OSError, ValueError, KeyError, ImportError) as exc:
         if args.debug:
             raise

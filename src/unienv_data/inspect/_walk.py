@@ -151,7 +151,7 @@ def _fill_buffer(root: str, node: StorageNode, meta: Dict[str, Any], _space: Any
             node.problems.append(str(exc).replace(os.path.join(root, log_rel), log_rel))
         else:
             if logged is not meta:
-                meta = logged
+                meta = node.meta = logged       # what the summary reads too (offset, count)
                 node.notes.append(f"{log_rel}: the buffer's count, offset and episodes come from this commit log, "
                                   "newer than metadata.json (the buffer was not closed)")
     node.space_json = meta.get("single_instance_space") if isinstance(meta.get("single_instance_space"), dict) else None

@@ -4,8 +4,8 @@
 A durable `ReplayBuffer` on disk (native layout or FlattenedStorage over memory-mapped files, W2's camera step:
 obs f32[64], action f32[8], reward, terminated, image uint8[128,128,3]) is filled with `held` short episodes
 (`--steps` steps each) until its ring wraps, then records `--measure` more episodes; every episode then overwrites
-the oldest one (the ring's steady state: the oldest episode is clipped, its segment dropped before its rows are
-written, the commit log records both). Reported per `held`: the median time of one episode (its appends and its
+the oldest ones (the ring's steady state: the capacity is no multiple of the episode length, so an episode starts
+part way into the oldest one, clips it, then drops the next; the commit logs record each change). Reported per `held`: the median time of one episode (its appends and its
 `mark_segment_end()`), of its commit point alone, and the ratio of the episode time to the raw limit measured in the
 same run (the same rows written into plain `np.memmap` arrays, no bookkeeping). Before segment bookkeeping was
 indexed (2026-12-03) a 2-step episode cost 3.5 ms of commit and 10 ms of appends at 2,400 episodes held and grew
@@ -51,7 +51,9 @@ def raw_episode_time(root: str, steps: List[Dict[str, Any]], capacity: int, epis
 def record(layout: str, path: str, steps: List[Dict[str, Any]], held: int, measure: int) -> Tuple[float, float, int]:
     """(median seconds per episode, median seconds per commit point, episodes listed at the end) once the ring of
     `held` episodes has wrapped."""
-    rb = create(layout, path, held * len(steps))
+    # a capacity that is no multiple of the episode length: every episode clips the oldest one part way (the usual
+    # case; episodes that line up with the ring would only ever drop whole ones)
+    rb = create(layout, path, held * len(steps) + max(1, len(steps) // 2))
     per_episode, commits = [], []
     for ep in range(held + measure):
         t0 = time.perf_counter()

@@ -75,11 +75,11 @@ def test_indexed_log_agrees_with_the_plain_model(case: Tuple[Optional[int], List
     log, model = SegmentLog(cap), []      # type: ignore[var-annotated]
     limit = cap if cap is not None else 30
     for kind, start, n in ops:
-        before = log.version
+        before, pbefore = log.version, log.pstate
         if kind == "add":
             log.add(start, n)
             model = clip_runs(model, (start, n), cap) + [(start, n)]
-            assert log.added_since(before) == (start, n)
+            assert log.ops_since(pbefore) == [("add", start, n)]
         elif kind == "drop":
             expected = clip_runs(model, (start, n), cap)
             log.drop_overlapping(start, n)
@@ -100,5 +100,58 @@ def test_indexed_log_agrees_with_the_plain_model(case: Tuple[Optional[int], List
             assert log.run_at(row) == (holding[0] if holding else None)
             assert log.rows_before_next_start(row) == _model_rows_before_next_start(model, row, cap)
         assert log.overlapping(start, n) == sorted(r for r in model if ring_positions_overlap(r, (start, n), cap))
-        if kind != "add" and log.version != before:
-            assert log.added_since(before) is None and log.added_since(log.version - 1) is None
+        if kind == "drop" and log.version != before:
+            assert log.ops_since(pbefore) == [("cut", start, n)]
+        if kind in ("truncate", "clear") and log.version != before:
+            assert log.ops_since(pbefore) is None
+
+
+@st.composite
+def appends_and_writers(draw: st.DrawFn) -> Tuple[Optional[int], List[Tuple[str, int, int]]]:
+    cap = draw(st.sampled_from([None, 3, 8, 13]))
+    limit = cap if cap is not None else 30
+    ops = []
+    for _ in range(draw(st.integers(0, 60))):
+        kind = draw(st.sampled_from(["add", "add", "drop", "eat", "eat", "eat", "eat", "stop", "truncate"]))
+        start = draw(st.integers(0, limit - 1))
+        most = cap if cap is not None else limit - start
+        ops.append((kind, start, draw(st.integers(1, most))))
+    return cap, ops
+
+
+@settings(max_examples=400, deadline=None)
+@given(appends_and_writers())
+def test_journal_ops_replay_every_persisted_list(case: Tuple[Optional[int], List[Tuple[str, int, int]]]) -> None:
+    """What a commit log relies on: for any earlier state, the ops `ops_since` gives (when it gives any), replayed
+    on the list persisted then, give the list persisted now, through appends eating runs row by row (`eat`),
+    episodes ending (`stop_eating`), writer commits and drops."""
+    cap, ops = case
+    log = SegmentLog(cap)
+    snapshots = [(log.pstate, log.to_json())]
+    row = 0
+    for kind, start, n in ops:
+        if kind == "add":
+            log.stop_eating()
+            log.add(start, n)
+        elif kind == "drop":
+            log.drop_overlapping(start, n)
+        elif kind == "eat":             # the next append-built row, as an open segment writes them
+            log.eat(row)
+            row = row + 1 if cap is None else (row + 1) % cap
+        elif kind == "stop":
+            log.stop_eating()
+            row = start
+        elif kind == "truncate" and cap is None:
+            log.truncate(start)
+        snapshots.append((log.pstate, log.to_json()))
+        eaten = log.eaten
+        assert log.to_json() == [list(r) for r in log.runs() if r != eaten]
+    now = log.to_json()
+    for pstate, persisted in snapshots:
+        replay_ops = log.ops_since(pstate)
+        if replay_ops is None:
+            continue
+        replay = SegmentLog(cap, [(s, n) for s, n in persisted])
+        for op in replay_ops:
+            replay.apply_op(op)
+        assert replay.to_json() == now, (pstate, persisted, replay_ops)

@@ -9,7 +9,7 @@ wrapped keeps its newest rows, as in unienv 0.0.1b16.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import StorageFormatError
 from .ring import inclusive_end, next_start_distance, overlapping_sorted, ring_intervals, runs_overlap, subtract_run
@@ -40,6 +40,12 @@ def first_overlap(runs: List[Tuple[int, int]], capacity: Optional[int]) -> Optio
     return None
 
 
+#: one op of a segment log's journal (`SegmentLog.ops_since`): `("add", s, n)`, `("cut", s, n)`, `("back", s, n, i)`
+Op = Tuple[Any, ...]
+#: changes of what is persisted a segment log remembers (an owner further behind persists the whole list)
+_JOURNAL_LENGTH = 256
+
+
 class SegmentLog:
     """Committed segments as `(start, length)` runs, oldest first.
 
@@ -57,15 +63,16 @@ class SegmentLog:
         self._as_lists: List[List[int]] = []     # `_runs` as JSON lists (kept up to date: `to_json` copies it)
         #: bumped on every change, so owners know when their persisted copy is stale
         self.version = 0
-        #: `(version before, run)` of the latest `add`: an owner that persisted the list of that version can record
-        #: the change as the one added run (see `added_since`)
-        self.last_add: Optional[Tuple[int, Tuple[int, int]]] = None
-        #: `(version before, run)` of the latest `drop_overlapping` that changed the list (see `cut_since`)
-        self.last_cut: Optional[Tuple[int, Tuple[int, int]]] = None
+        #: the number of changes of what is persisted (`to_json`) so far; `_journal` says what the latest were
+        self.pstate = 0
+        #: `(pstate after, op)` of the latest changes of what is persisted, oldest first: `op` replays the change on
+        #: the list persisted before it (`apply_op`), or is None when it cannot (see `ops_since`)
+        self._journal: List[Tuple[int, Optional[Op]]] = []
         #: the run an open append-built segment is overwriting row by row (clipped at every row): left out of
         #: what is persisted (`to_json`) until that segment ends, so the files never list a row about to be
         #: overwritten, and persisting once per run eaten (not once per row) is enough
         self.eaten: Optional[Tuple[int, int]] = None
+        self._eaten_at = 0      # where the eaten run was last seen in `_runs` (checked before use)
         given = [(int(s), int(n)) for s, n in runs]
         if all(n > 0 and (capacity is None or n <= capacity) for _s, n in given) and first_overlap(given, capacity) is None:
             self._runs = given          # the usual case (a stored log): no overlap to resolve, O(n log n)
@@ -82,7 +89,9 @@ class SegmentLog:
         self.__dict__.update(state)
         if "_by_start" not in state:
             self._index_all()
-            self.last_add = self.last_cut = None
+        if "_journal" not in state:
+            self.pstate, self._journal = 0, []
+        self.__dict__.setdefault("_eaten_at", 0)
 
     def runs(self) -> List[Tuple[int, int]]:
         """`(start, length)` of every recorded segment, oldest first."""
@@ -107,6 +116,11 @@ class SegmentLog:
     def sorted_runs(self) -> List[Tuple[int, int]]:
         """`(start, length)` of every recorded segment, in position order (a copy of a list kept up to date)."""
         return list(self._by_start)
+
+    def _holds(self, run: Tuple[int, int]) -> bool:
+        """Whether `run` is one of the recorded runs (bisection)."""
+        i = bisect_left(self._by_start, run)
+        return i < len(self._by_start) and self._by_start[i] == run
 
     def _index_all(self) -> None:
         """Builds the index from `_runs`."""
@@ -148,21 +162,14 @@ class SegmentLog:
         if self.capacity is not None and length > self.capacity:
             raise ValueError(f"a segment of {length} rows does not fit in capacity {self.capacity}")
         new = (int(start), int(length))
+        eating = self.eaten is not None
         self._replace(self.overlapping(*new), new)
         self._runs.append(new)
         self._as_lists.append(list(new))
         self._index_add(*new)
         self.eaten = None
-        self.last_add = (self.version, new)
+        self._persisted(None if eating else ("add", new[0], new[1]))
         self._changed()
-
-    def added_since(self, version: int) -> Optional[Tuple[int, int]]:
-        """The run recorded by `add` when the only change since `version` is that add (and no run is being
-        eaten), else None: the list now is then the list of `version` with that run added as `add` does."""
-        last = self.last_add
-        if last is not None and last[0] == version and self.version == version + 1 and self.eaten is None:
-            return last[1]
-        return None
 
     def drop_overlapping(self, start: int, length: int) -> None:
         """Cuts the rows `[start, start + length)` (about to be overwritten) out of every segment: a segment keeps
@@ -172,27 +179,117 @@ class SegmentLog:
         run = (int(start), int(length))
         victims = self.overlapping(*run)
         if victims:
+            eating = self.eaten is not None
             self._replace(victims, run)
-            self.last_cut = (self.version, run)
+            self._persisted(None if eating else ("cut", run[0], run[1]))
             self._changed()
 
-    def cut_since(self, version: int) -> Optional[Tuple[int, int]]:
-        """When the only change since `version` (with no run being eaten then) is one `drop_overlapping`, the rows
-        that change removed from what is persisted (`to_json`) as one run: `drop_overlapping` of it turns the list
-        persisted at `version` into the list persisted now. That is the cut itself when no run is being eaten now,
-        or the cut row through the end of the run it started eating (an append-built segment eating the next
-        run: `SpaceStorage._free_rows_from`). None otherwise."""
-        last = self.last_cut
-        if last is None or last[0] != version or self.version != version + 1:
-            return None
-        (start, length), eaten = last[1], self.eaten
-        if eaten is None:
-            return last[1]
+    def eat(self, row: int) -> Tuple[Optional[Tuple[int, int]], bool]:
+        """Cuts physical `row` out of the run holding it: an open append-built segment is about to overwrite it.
+        The rest of that run after `row` becomes the *eaten* run (`eaten`), left out of what is persisted until
+        the segment ends (`stop_eating`), so the files never list a row about to be overwritten while the next
+        appends cut it row by row without changing what is persisted. Returns the run that held `row` (None when
+        none did) and whether it is a run this segment had not started eating (its owner persists the change)."""
+        eaten = self.eaten
+        if eaten is not None and row == eaten[0] and self._eat_first_row():
+            return eaten, False
+        hit = self.run_at(row)
+        if hit is None:
+            return None, False
         cap = self.capacity
-        after = start + length if cap is None else (start + length) % cap
-        if eaten[0] != after or length + eaten[1] > (cap if cap is not None else 1 << 62):
+        fresh = hit != eaten
+        self._replace([hit], (row, 1))
+        after = row + 1 if cap is None else (row + 1) % cap
+        tail = next(((s, n) for s, n in subtract_run(hit, (row, 1), cap) if s == after), None)
+        head = hit[0] != row
+        self.eaten = tail
+        if fresh and eaten is None:     # persisted: the run's rows from `row` through its end are gone
+            self._persisted(("cut", row, 1 + (tail[1] if tail is not None else 0)))
+        elif fresh or head:             # an unusual path (a run left half eaten, a cut inside the eaten run)
+            self._persisted(None)
+        self._changed()
+        return hit, fresh
+
+    def _eat_first_row(self) -> bool:
+        """`eat` of the eaten run's first row, the row every append of a segment eating a run takes next: the run
+        loses its first row in place (its position in both orders stays), in O(log n) with no list rebuilt; what is
+        persisted does not change (the eaten run is left out of it). False (nothing done) where the general path is
+        needed: the run's next row would be row 0 of the ring (its place in position order changes)."""
+        eaten = self.eaten
+        if eaten is None:
+            return False
+        s, n = eaten
+        if self.capacity is not None and s + 1 >= self.capacity and n > 1:
+            return False
+        i = bisect_left(self._by_start, eaten)
+        if i >= len(self._by_start) or self._by_start[i] != eaten:
+            return False
+        j = self._eaten_at
+        if not (j < len(self._runs) and self._runs[j] == eaten):
+            j = self._runs.index(eaten)
+        if n == 1:
+            del self._runs[j], self._as_lists[j], self._by_start[i], self._sorted[i]
+            self.eaten = None
+        else:
+            rest = (s + 1, n - 1)
+            self._runs[j], self._as_lists[j], self._by_start[i] = rest, [s + 1, n - 1], rest
+            self._sorted[i] = (s + 1, self._sorted[i][1])
+            self.eaten, self._eaten_at = rest, j
+        self._changed()
+        return True
+
+    def stop_eating(self) -> None:
+        """The open append-built segment ended or was aborted: the rest of the run it was eating is persisted again,
+        in its place."""
+        eaten, self.eaten = self.eaten, None
+        if eaten is not None and self._holds(eaten):
+            self._persisted(("back", eaten[0], eaten[1], self._runs.index(eaten)))
+            self._changed()
+
+    def restore(self, start: int, length: int, index: int) -> None:
+        """Puts back the run `(start, length)` at position `index` of the commit order (replays `stop_eating` on a
+        persisted list, which lacked it); ValueError when it shares a row with a recorded run."""
+        run = (int(start), int(length))
+        if length <= 0 or (self.capacity is not None and length > self.capacity) or self.overlapping(*run):
+            raise ValueError(f"run {list(run)} cannot be put back: it is empty, too long or shares rows")
+        index = max(0, min(int(index), len(self._runs)))
+        self._runs.insert(index, run)
+        self._as_lists.insert(index, list(run))
+        self._index_add(*run)
+        self._persisted(("back", run[0], run[1], index))
+        self._changed()
+
+    def apply_op(self, op: Sequence[Any]) -> None:
+        """Replays one journal op (`ops_since`) on this log: `["add", s, n]`, `["cut", s, n]` or
+        `["back", s, n, index]`; ValueError for anything else."""
+        kind = op[0] if isinstance(op, (list, tuple)) and op else None
+        if kind == "add" and len(op) == 3:
+            self.add(int(op[1]), int(op[2]))
+        elif kind == "cut" and len(op) == 3:
+            self.drop_overlapping(int(op[1]), int(op[2]))
+        elif kind == "back" and len(op) == 4:
+            self.restore(int(op[1]), int(op[2]), int(op[3]))
+        else:
+            raise ValueError(f"unknown segment log op {op!r}")
+
+    def ops_since(self, pstate: int) -> Optional[List[Op]]:
+        """The ops that turn the list persisted at `pstate` into the list persisted now (`[]`: unchanged), or None
+        when the journal no longer holds them all or one of them cannot be replayed (then persist the whole list)."""
+        if pstate == self.pstate:
+            return []
+        journal = self._journal
+        if pstate > self.pstate or not journal or journal[0][0] > pstate + 1:
             return None
-        return (start, length + eaten[1])
+        i = bisect_left(journal, (pstate + 1,))
+        ops = [op for _p, op in journal[i:]]
+        return None if any(op is None for op in ops) else ops  # type: ignore[return-value]
+
+    def _persisted(self, op: Optional[Op]) -> None:
+        """What is persisted changed by `op` (None: by a change no op replays)."""
+        self.pstate += 1
+        self._journal.append((self.pstate, op))
+        if len(self._journal) > _JOURNAL_LENGTH:
+            del self._journal[:len(self._journal) - _JOURNAL_LENGTH // 2]
 
     def truncate(self, length: int) -> None:
         """Forgets segments reaching past row `length` (a growable storage shrank)."""
@@ -200,13 +297,17 @@ class SegmentLog:
         if len(kept) != len(self._runs):
             self._runs = kept
             self._index_all()
+            self._persisted(None)
             self._changed()
 
     def clear(self) -> None:
-        self.eaten = None
+        if self.eaten is not None:
+            self.eaten = None
+            self._persisted(None)
         if self._runs:
             self._runs = []
             self._index_all()
+            self._persisted(None)
             self._changed()
 
     def inclusive_ranges(self) -> List[Tuple[int, int]]:
@@ -222,11 +323,8 @@ class SegmentLog:
         """What is persisted: every run but the one an open append-built segment is overwriting (a new list; its
         `[start, length]` items are shared, not to be changed)."""
         runs = list(self._as_lists)
-        eaten = self.eaten
-        if eaten is not None:
-            i = bisect_left(self._by_start, eaten)
-            if i < len(self._by_start) and self._by_start[i] == eaten:
-                runs.remove(list(eaten))
+        if self.eaten is not None and self._holds(self.eaten):
+            runs.remove(list(self.eaten))
         return runs
 
     @classmethod

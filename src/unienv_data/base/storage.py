@@ -21,7 +21,7 @@ from .errors import ReadOnlyStorageError, StorageClosedError, StorageStateError
 from .files import PathLike, creating_dataset, replacing_allowed
 from .forwarding import forwarded
 from .indexing import NormalizedIndex, normalize_index
-from .ring import runs_of_pairs, subtract_run
+from .ring import runs_of_pairs
 from .segments import SegmentLog
 from .values import LeafConverter
 
@@ -432,21 +432,15 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Cuts row `pos` out of the recorded segments (it is about to be overwritten by the open append-built
         segment); returns how many rows from `pos` on are free.
 
-        The run left after the cut is the *eaten* run (`SegmentLog.eaten`): the next append cuts it again. It is
-        left out of what is persisted until the open segment ends, so the files are rewritten (`on_segments_dropped`)
+        The run left after the cut is the *eaten* run (`SegmentLog.eat`): the next append cuts it again. It is left
+        out of what is persisted until the open segment ends, so the files are rewritten (`on_segments_dropped`)
         once per run the segment starts eating, not once per row."""
         log = self.segment_log()
         if log is None or not len(log):
             return 1 << 62
-        before = log.version
-        eaten = log.eaten
-        hit = log.run_at(pos)
-        log.drop_overlapping(pos, 1)
-        if log.version != before and hit is not None:
-            rest = subtract_run(hit, (pos, 1), self.capacity)
-            log.eaten = rest[-1] if rest else None    # the part after `pos`, which the next appends overwrite
-            if hit != eaten:
-                self.on_segments_dropped()
+        _hit, fresh = log.eat(pos)
+        if fresh:
+            self.on_segments_dropped()
         return max(log.rows_before_next_start(pos), 1)
 
     def _advance_segment(self) -> None:
@@ -469,7 +463,7 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
             return
         log = self.segment_log()
         if log is not None:
-            log.eaten = None
+            log.stop_eating()
         start, n = self._seg_start, self._seg_len
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         self.record_segment(start, n)
@@ -479,9 +473,8 @@ class SpaceStorage(ABC, Generic[BatchT, BArrayType, BDeviceType, BDtypeType, BRN
         """Forgets the open segment (rows already written keep their values but belong to no segment)."""
         self._seg_start, self._seg_len, self._seg_clear_rows = None, 0, 0
         log = self.segment_log()
-        if log is not None and log.eaten is not None:
-            log.eaten = None
-            log.version += 1        # the run it was eating is persisted again at the next save
+        if log is not None:
+            log.stop_eating()       # the run it was eating is persisted again at the next save
 
     def after_shrink(self, length: int) -> None:
         """A growable storage calls it after it shrank to `length` rows (in `shrink_length`, `clear`): forgets the

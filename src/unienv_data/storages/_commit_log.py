@@ -21,7 +21,9 @@ Records:
 * `{"t": "segs", "len": L, "runs": [...]}`: segments dropped before their rows are overwritten (whole list);
 * `{"t": "cut", "len": L, "run": [start, length]}`: the same, as the rows cut out of the list
   (`SegmentLog.drop_overlapping`), when that is all that changed (the usual drop: a ring's oldest episode about
-  to be overwritten), so a drop, like a commit, writes a line of the same size whatever the number of segments.
+  to be overwritten), so a drop, like a commit, writes a line of the same size whatever the number of segments;
+* `{"t": "ops", "len": L, "ops": [[...], ...]}`: several such changes in order (`SegmentLog.apply_op`: `add`, `cut`,
+  and `back`, the rest of a run an ended episode stopped overwriting, put back in its place).
 
 `LeafCommitLog` is the owner's side (both storages use it): it records the commits and drops, and `flush()` /
 `close()` / `dumps()` into the owner's own directory write every leaf's own metadata, then `compact()` the log to
@@ -96,6 +98,9 @@ def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
             elif kind == "cut":
                 s, n = rec["run"]
                 log.drop_overlapping(int(s), int(n))
+            elif kind == "ops":
+                for op in rec["ops"]:
+                    log.apply_op(op)
             elif kind != "len":
                 raise StorageFormatError(f"{path}: record {i + 1} has unknown type {kind!r}")
             length = int(rec["len"])
@@ -212,11 +217,6 @@ def _state_of(leaf: SpaceStorage) -> Tuple[int, List[List[int]]]:
     return len(leaf), (seg_log.to_json() if seg_log is not None else [])
 
 
-def _version_of(seg_log: Optional[SegmentLog]) -> Optional[Tuple[SegmentLog, int]]:
-    """`(seg_log, its version)` when what it persists is its whole list (no run being eaten), else None."""
-    return (seg_log, seg_log.version) if seg_log is not None and seg_log.eaten is None else None
-
-
 def _holder(leaf: SpaceStorage) -> Optional["LeafCommitLog"]:
     """The log holding `leaf`'s state: the one whose drop listener the leaf calls."""
     holder = getattr(leaf.drop_listener, "__self__", None)
@@ -247,13 +247,12 @@ class LeafCommitLog:
         self._file = LogFile(os.path.join(os.fspath(directory), file_name))
         self._leaves = list(leaves)
         self._capacity = self._leaves[0].capacity
-        #: the segment list the file holds (once started); None after a fast `add` record, when it is known only
-        #: as `_logged_at`
-        self._logged_runs: Optional[List[List[int]]] = None
-        #: `(segment log, version)`: the leaves' `SegmentLog` and its version whose whole list (no run being eaten)
-        #: the file holds, or None: a commit that only added a run since is then recorded without building or
-        #: comparing any list (`added_since`)
-        self._logged_at: Optional[Tuple[SegmentLog, int]] = None
+        #: the journal ops (`SegmentLog.ops_since`) the file holds after its last whole list (base or `segs`)
+        self._ops: List[Any] = []
+        #: per leaf segment log (by id): `(log, its pstate, len(self._ops))` when the list it persisted at that
+        #: pstate is the list the file held after that many ops; a leaf whose journal since then starts with the
+        #: ops written since is in step with the file without building or comparing any list
+        self._synced: Dict[int, Tuple[SegmentLog, int, int]] = {}
         self._started = False
         #: the `(length, runs)` of the base record when nothing was appended after it (a compaction to the same
         #: state then rewrites nothing)
@@ -261,7 +260,7 @@ class LeafCommitLog:
         self._active = True
         previous = {id(h): h for h in map(_holder, self._leaves) if h is not None and h is not self}
         if not lazy or previous:
-            self._write_base(*self.state(), at=self._live_version())   # the base record first: the log it takes the leaves from is removed after
+            self._write_base(*self.state())   # the base record first: the log it takes the leaves from is removed after
         for h in previous.values():
             h.retire()
         for leaf in self._leaves:
@@ -283,34 +282,16 @@ class LeafCommitLog:
         """The leaves' current `(length, runs)`."""
         return _state_of(self._leaves[0])
 
-    def _live_version(self) -> Optional[Tuple[SegmentLog, int]]:
-        """The leaves' segment log and its version when what it persists is its whole list (no run being eaten),
-        else None."""
-        return _version_of(self._leaves[0].segment_log())
-
     def record_drop(self, leaf: SpaceStorage) -> None:
         """A leaf dropped segments (their rows are about to be overwritten): the first leaf to do so records the
         shorter list, before any leaf overwrites a row (the leaves' `drop_listener`)."""
         seg_log = leaf.segment_log()
         if not self._active or seg_log is None:
             return
-        at = _version_of(seg_log)
-        if self._started and at is not None and at == self._logged_at:
-            return                  # the file holds this very list
-        if self._started and self._logged_at is not None and seg_log is self._logged_at[0]:
-            cut = seg_log.cut_since(self._logged_at[1])
-            if cut is not None:     # the usual drop: one short line
-                self._file.append({"t": "cut", "len": len(leaf), "run": list(cut)})
-                self._logged_runs, self._logged_at = seg_log.to_json(), at
-                self._clean_base = None
-                return
-        runs = seg_log.to_json()
         if not self._started:
-            self._write_base(len(leaf), runs, at=at)
-        elif runs != self._logged_runs:
-            self._file.append({"t": "segs", "len": len(leaf), "runs": runs})
-            self._logged_runs, self._logged_at = runs, at
-            self._clean_base = None
+            self._write_base(len(leaf), seg_log.to_json())
+            return
+        self._record(leaf, seg_log, commit=False)
 
     def record_commit(self, leaf: Optional[SpaceStorage] = None) -> None:
         """A commit point: one record of the leaves' state, written after their rows (the owner calls it; with
@@ -321,66 +302,74 @@ class LeafCommitLog:
         if is_durable():
             for lf in self._leaves:
                 lf.persist_committed()
-        seg_log = self._leaves[0].segment_log()
-        if self._started and self._logged_at is not None and seg_log is self._logged_at[0]:
-            if seg_log is not None:     # the usual commit: O(1) whatever the number of segments
-                added = seg_log.added_since(self._logged_at[1])
-                if added is not None or _version_of(seg_log) == self._logged_at:
-                    length = len(self._leaves[0])
-                    self._clean_base = None
-                    self._file.append({"t": "len", "len": length} if added is None else
-                                      {"t": "add", "len": length, "run": list(added)})
-                    if added is not None:
-                        self._logged_runs, self._logged_at = None, _version_of(seg_log)
-                    if self._file.size > COMPACT_BYTES:
-                        self._write_base(*self.state(), at=self._live_version())
-                    return
-        length, runs = self.state()
-        at = self._live_version()
-        if not self._started:
-            self._write_base(length, runs, at=at)
+        first = self._leaves[0]
+        seg_log = first.segment_log()
+        if not self._started or seg_log is None:
+            self._write_base(*self.state())
             return
-        before = self._logged_runs
-        self._clean_base = None
-        if before is None:
-            self._file.append({"t": "segs", "len": length, "runs": runs})
-        elif runs == before:
-            self._file.append({"t": "len", "len": length})
-        elif before is not None and len(runs) == len(before) + 1 and runs[:-1] == before:
-            # the new run clipped no older one: `SegmentLog.add` replays it to this list (no replay needed here)
-            self._file.append({"t": "add", "len": length, "run": runs[-1]})
-        else:
-            replay = SegmentLog(self._capacity, [(r[0], r[1]) for r in before or []])
-            if runs:
-                replay.add(*runs[-1])
-            if runs and replay.to_json() == runs:
-                self._file.append({"t": "add", "len": length, "run": runs[-1]})
-            else:
-                self._file.append({"t": "segs", "len": length, "runs": runs})
-        self._logged_runs, self._logged_at = runs, at
+        self._record(first, seg_log, commit=True)
         if self._file.size > COMPACT_BYTES:
-            self._write_base(length, runs, at=at)
+            self._write_base(*self.state())
+
+    def _record(self, leaf: SpaceStorage, seg_log: SegmentLog, commit: bool) -> None:
+        """Appends what changed in `leaf`'s persisted list since the file was last in step with it: the journal ops
+        (`add`, `cut`, `ops` records: a line of the same size whatever the number of segments), a `len` record for a
+        commit that changed no list, nothing for a drop the file holds already; the whole list (`segs`) when the
+        leaf's journal cannot say (then every leaf holding that same list is in step again)."""
+        length = len(leaf)
+        known = self._synced.get(id(seg_log))
+        ops = seg_log.ops_since(known[1]) if known is not None and known[0] is seg_log else None
+        if ops is not None:
+            written = self._ops[known[2]:]      # type: ignore[index]
+            if ops[:len(written)] == written:
+                extra = ops[len(written):]
+                if extra:
+                    self._clean_base = None
+                    if len(extra) == 1 and extra[0][0] in ("add", "cut"):
+                        self._file.append({"t": extra[0][0], "len": length, "run": list(extra[0][1:])})
+                    else:
+                        self._file.append({"t": "ops", "len": length, "ops": [list(op) for op in extra]})
+                    self._ops.extend(extra)
+                elif commit:
+                    self._clean_base = None
+                    self._file.append({"t": "len", "len": length})
+                self._synced[id(seg_log)] = (seg_log, seg_log.pstate, len(self._ops))
+                return
+        runs = seg_log.to_json()
+        self._clean_base = None
+        self._file.append({"t": "segs", "len": length, "runs": runs})
+        self._in_step(runs, seg_log)
+
+    def _in_step(self, runs: List[List[int]], holder: Optional[SegmentLog] = None) -> None:
+        """The file now holds the whole list `runs` (no op after it): every leaf persisting that list is in step."""
+        self._ops = []
+        self._synced = {}
+        if not self._active:
+            return
+        for leaf in self._leaves:
+            log = leaf.segment_log()
+            if log is not None and (log is holder or log.to_json() == runs):
+                self._synced[id(log)] = (log, log.pstate, 0)
 
     def compact(self) -> None:
         """Replaces the log with one base record of the current state (after the leaves wrote their own files, so
         that the files alone describe them again)."""
         if self._active:
-            self._compact_to(*self.state(), at=self._live_version())
+            self._compact_to(*self.state())
 
-    def _compact_to(self, length: int, runs: List[List[int]], at: Optional[Tuple[SegmentLog, int]] = None) -> None:
+    def _compact_to(self, length: int, runs: List[List[int]]) -> None:
         """`compact` to a known state. A log that recorded nothing yet holds no news: its file (the state the
         storage was opened with, if any) goes, and the next record starts a new one with its base. A log whose only
         record is a base of this very state is left as it is (a `dumps` after `dumps` rewrites nothing)."""
         if not self._started:
             self._file.remove()
         elif self._clean_base != (length, runs):
-            self._write_base(length, runs, at=at)
+            self._write_base(length, runs)
 
-    def _write_base(self, length: int, runs: List[List[int]], *, at: Optional[Tuple[SegmentLog, int]] = None) -> None:
-        """Replaces the file with one base record of `(length, runs)`; `at`: the leaves' segment log version that
-        list is (see `_logged_at`), None when not known."""
+    def _write_base(self, length: int, runs: List[List[int]]) -> None:
+        """Replaces the file with one base record of `(length, runs)`."""
         self._file.compact(length, [(a, b) for a, b in runs])
-        self._logged_runs, self._logged_at = runs, at
+        self._in_step(runs)
         self._clean_base = (length, runs)
         self._started = True
 

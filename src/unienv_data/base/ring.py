@@ -49,11 +49,8 @@ def inclusive_end(start: int, length: int, capacity: Optional[int]) -> int:
 
 
 def runs_of_pairs(pairs: Iterable[Tuple[int, int]], capacity: Optional[int]) -> List[Run]:
-    """`(start, length)` of each inclusive `(start, end)` pair (`run_length` over a list, in one pass: owners call it
-    at every commit point, over every episode)."""
-    if capacity is None:
-        return [(s, e - s + 1) for s, e in pairs]
-    return [(s, (e - s) % capacity + 1) for s, e in pairs]
+    """`(start, length)` of each inclusive `(start, end)` pair."""
+    return [(s, run_length(s, e, capacity)) for s, e in pairs]
 
 
 def ring_rows(start: int, length: int, capacity: Optional[int]) -> np.ndarray:
@@ -228,17 +225,10 @@ def run_inside(run: Run, offset: int, count: int, capacity: Optional[int]) -> bo
     return (run[0] - offset) % capacity + run[1] <= count
 
 
-def runs_not_inside(runs: Iterable[Run], offset: int, count: int, capacity: Optional[int]) -> List[Run]:
-    """The runs of `runs` not wholly among the `count` rows held from `offset` (`run_inside` over a list, in one
-    pass)."""
-    if capacity is None:
-        return [r for r in runs if r[1] > 0 and not (0 <= r[0] and r[0] + r[1] <= count)]
-    return [r for r in runs if r[1] > 0 and (r[0] - offset) % capacity + r[1] > count]
-
-
 def runs_not_inside_sorted(runs: Sequence[Run], offset: int, count: int, capacity: Optional[int]) -> List[Run]:
-    """`runs_not_inside` for runs sharing no row, sorted by start, in O(log n) plus the runs found: a run not wholly in
-    the window holds a row of the rows outside it, or (a full ring) the window's newest and oldest rows."""
+    """The runs of `runs` (sharing no row, sorted by start) not wholly among the `count` rows held from `offset`, in
+    O(log n) plus the runs found: a run not wholly in the window holds a row of the rows outside it, or (a full ring)
+    the window's newest and oldest rows; the few runs found there are checked with `run_inside`."""
     if not runs:
         return []
     if count <= 0:
@@ -250,7 +240,7 @@ def runs_not_inside_sorted(runs: Sequence[Run], offset: int, count: int, capacit
         found = overlapping_sorted(runs, (offset + count) % capacity, capacity - count, capacity)
     else:
         found = overlapping_sorted(runs, (offset - 1) % capacity, 2, capacity)
-    return runs_not_inside(found, offset, count, capacity)
+    return [r for r in found if not run_inside(r, offset, count, capacity)]
 
 
 def window_before_overwrite(offset: int, count: int, victim: Run, capacity: Optional[int],

@@ -137,10 +137,11 @@ class SegmentLog:
         i = bisect_left(self._by_start, (start,))
         del self._by_start[i], self._sorted[i]
 
-    def _replace(self, victims: List[Tuple[int, int]], cut: Tuple[int, int]) -> None:
+    def _replace(self, victims: List[Tuple[int, int]], cut: Tuple[int, int]) -> List[Tuple[int, int]]:
         """Replaces each of `victims` (recorded runs overlapping `cut`) by what is left of it once the rows of
-        `cut` are gone, in place (a run keeps its place in commit order)."""
+        `cut` are gone, in place (a run keeps its place in commit order); returns those pieces."""
         cap = self.capacity
+        left: List[Tuple[int, int]] = []
         for v in victims:
             pieces = subtract_run(v, cut, cap)
             i = self._runs.index(v)
@@ -149,6 +150,8 @@ class SegmentLog:
             self._index_remove(v[0])
             for s, n in pieces:
                 self._index_add(s, n)
+            left += pieces
+        return left
 
     def _changed(self) -> None:
         self.version += 1
@@ -198,9 +201,9 @@ class SegmentLog:
             return None, False
         cap = self.capacity
         fresh = hit != eaten
-        self._replace([hit], (row, 1))
+        pieces = self._replace([hit], (row, 1))
         after = row + 1 if cap is None else (row + 1) % cap
-        tail = next(((s, n) for s, n in subtract_run(hit, (row, 1), cap) if s == after), None)
+        tail = next(((s, n) for s, n in pieces if s == after), None)
         head = hit[0] != row
         self.eaten = tail
         if fresh and eaten is None:     # persisted: the run's rows from `row` through its end are gone
@@ -224,9 +227,7 @@ class SegmentLog:
         i = bisect_left(self._by_start, eaten)
         if i >= len(self._by_start) or self._by_start[i] != eaten:
             return False
-        j = self._eaten_at
-        if not (j < len(self._runs) and self._runs[j] == eaten):
-            j = self._runs.index(eaten)
+        j = self._eaten_index()
         if n == 1:
             del self._runs[j], self._as_lists[j], self._by_start[i], self._sorted[i]
             self.eaten = None
@@ -238,13 +239,21 @@ class SegmentLog:
         self._changed()
         return True
 
+    def _eaten_index(self) -> int:
+        """The eaten run's place in `_runs` (where it was last seen, else looked up)."""
+        j = self._eaten_at
+        if not (j < len(self._runs) and self._runs[j] == self.eaten):
+            j = self._runs.index(self.eaten)    # type: ignore[arg-type]
+        return j
+
     def stop_eating(self) -> None:
         """The open append-built segment ended or was aborted: the rest of the run it was eating is persisted again,
         in its place."""
-        eaten, self.eaten = self.eaten, None
+        eaten = self.eaten
         if eaten is not None and self._holds(eaten):
-            self._persisted(("back", eaten[0], eaten[1], self._runs.index(eaten)))
+            self._persisted(("back", eaten[0], eaten[1], self._eaten_index()))
             self._changed()
+        self.eaten = None
 
     def restore(self, start: int, length: int, index: int) -> None:
         """Puts back the run `(start, length)` at position `index` of the commit order (replays `stop_eating` on a

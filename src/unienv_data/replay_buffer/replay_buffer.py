@@ -827,8 +827,8 @@ class ReplayBuffer(BatchBase[BatchT, BArrayType, BDeviceType, BDtypeType, BRNGTy
         with self._state.locked():
             count, offset = self._state.count, self._state.offset
             runs = self._state.get_segments() if self._own_segments else _storage_runs(st)
-        listed = runs is not None and (self._maintain or self._own_segments)   # a list the metadata holds
-        segs = [[s, inclusive_end(s, n, cap)] for s, n in runs] if listed and runs is not None else None
+        segs = ([[s, inclusive_end(s, n, cap)] for s, n in runs]      # only a list the metadata holds is built
+                if runs is not None and (self._maintain or self._own_segments) else None)
         if self._space_json is None:
             self._space_json = space_to_json(self.single_space if self._stored_storage is None
                                              else self._stored_storage.single_instance_space)

@@ -92,12 +92,8 @@ def read_log(path: str, capacity: Optional[int]) -> Optional[Tuple[int, Runs]]:
                 raise StorageFormatError(f"{path}: the first record must be the base state, got {kind!r}")
             if kind in ("base", "segs"):
                 log = SegmentLog(capacity, [(int(s), int(n)) for s, n in rec["runs"]])
-            elif kind == "add":
-                s, n = rec["run"]
-                log.add(int(s), int(n))
-            elif kind == "cut":
-                s, n = rec["run"]
-                log.drop_overlapping(int(s), int(n))
+            elif kind in ("add", "cut"):
+                log.apply_op([kind, *rec["run"]])
             elif kind == "ops":
                 for op in rec["ops"]:
                     log.apply_op(op)
